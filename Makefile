@@ -1,0 +1,58 @@
+# The plain entry point. `make demo` and `make test` each run `make setup` first, so either
+# works alone on a fresh clone. Every step is idempotent and cached.
+SHELL := /bin/bash
+UV_VERSION := 0.13.8
+TOOLS := .tools
+UV := $(TOOLS)/uv-venv/bin/uv
+PY := .venv/bin/python
+ONCEFLOW := .venv/bin/onceflow
+PROTOS := $(wildcard proto/onceflow/v1/*.proto)
+GEN_STAMP := libs/onceflow/src/onceflow/v1/.generated
+
+.PHONY: setup venv proto kafka-jars redis demo test test-fast infra-up infra-down bench clean
+
+setup: venv proto kafka-jars redis
+
+$(UV):
+	python3 -m venv $(TOOLS)/uv-venv
+	$(TOOLS)/uv-venv/bin/pip install --quiet uv==$(UV_VERSION)
+
+venv: $(UV)
+	$(UV) sync --all-packages --locked --quiet
+
+proto: venv $(GEN_STAMP)
+
+$(GEN_STAMP): $(PROTOS) | $(UV)
+	rm -rf libs/onceflow/src/onceflow/v1
+	mkdir -p libs/onceflow/src/onceflow/v1
+	$(PY) -m grpc_tools.protoc -Iproto --python_out=libs/onceflow/src --pyi_out=libs/onceflow/src \
+		--grpc_python_out=libs/onceflow/src $(PROTOS)
+	touch libs/onceflow/src/onceflow/v1/__init__.py $@
+
+kafka-jars: venv
+	$(ONCEFLOW) infra install
+
+redis:
+	@command -v redis-server >/dev/null || infra/redis/install.sh
+
+infra-up: setup
+	$(ONCEFLOW) infra up
+
+infra-down:
+	$(ONCEFLOW) infra down
+
+demo: setup
+	$(ONCEFLOW) demo
+
+test: setup
+	$(PY) -m pytest
+
+test-fast: setup
+	$(PY) -m pytest -m "not fault"
+
+bench: setup
+	$(PY) bench/ingest_throughput.py
+
+clean:
+	-$(ONCEFLOW) infra down
+	rm -rf .onceflow .venv $(TOOLS) libs/onceflow/src/onceflow/v1

@@ -1,0 +1,14 @@
+"""The single CLI entry point: ``onceflow`` (also ``python -m onceflow``)."""
+
+from __future__ import annotations
+
+import typer
+
+from onceflow.cli import infra
+
+app = typer.Typer(no_args_is_help=True, help="onceflow: exactly-once stream processing.")
+app.add_typer(infra.app, name="infra")
+
+
+def main() -> None:
+    app()

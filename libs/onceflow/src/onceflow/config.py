@@ -1,0 +1,53 @@
+"""The one config loader. Every setting is an env var; every service adds its own prefix.
+
+Common settings use ``ONCEFLOW_`` (``ONCEFLOW_KAFKA_BOOTSTRAP``, ``ONCEFLOW_TOPIC_PREFIX``, ...).
+A service's own settings use ``ONCEFLOW_<SERVICE>_`` and embed the common ones.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def repo_root() -> Path:
+    """The checkout this code runs from (where infra/ and proto/ live)."""
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        if (parent / "infra" / "topics.toml").exists():
+            return parent
+    return Path.cwd()
+
+
+class CommonSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ONCEFLOW_", extra="ignore")
+
+    kafka_bootstrap: str = "127.0.0.1:19092"
+    redis_url: str = "redis://127.0.0.1:16379/0"
+    # Prepended to every topic name, so several pipelines (or tests) share one broker.
+    topic_prefix: str = ""
+    # Short, so a killed producer's open transaction stops holding back the last stable offset
+    # soon enough for recovery (and tests) not to crawl. The broker caps it at
+    # transaction.max.timeout.ms.
+    transaction_timeout_ms: int = 10_000
+    # Bearer token for mutating admin calls. Empty means mutating calls are refused.
+    admin_token: str = ""
+    log_level: str = "INFO"
+
+    def topic(self, name: str) -> str:
+        return f"{self.topic_prefix}{name}"
+
+
+class LoopSettings(BaseSettings):
+    """How the shared transactional loop batches (ONCEFLOW_LOOP_*)."""
+
+    model_config = SettingsConfigDict(env_prefix="ONCEFLOW_LOOP_", extra="ignore")
+
+    max_batch_records: int = Field(default=1000, ge=1)
+    max_batch_ms: int = Field(default=100, ge=1)
+    session_timeout_ms: int = Field(default=10_000, ge=1000)
+    # Bound on one commit/abort call; past it the outcome is indefinite and the producer is
+    # recreated.
+    commit_timeout_s: float = Field(default=30.0, gt=0)
