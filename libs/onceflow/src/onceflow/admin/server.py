@@ -1,0 +1,141 @@
+"""One gRPC server per service: the service's own RPCs plus Admin, grpc.health.v1 and reflection."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from onceflow import __version__
+from onceflow.admin.auth import TokenAuthInterceptor
+from onceflow.v1 import admin_pb2, admin_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StatusSnapshot:
+    state: str
+    partitions: list[tuple[str, int, int, int]] = field(default_factory=list)  # topic, partition, position, lag
+    transactions_committed: int = 0
+    transactions_aborted: int = 0
+    records_in: int = 0
+    records_out: int = 0
+    last_error: str = ""
+    gauges: dict[str, float] = field(default_factory=dict)
+
+
+class AdminControls(Protocol):
+    """What a service hands the Admin service."""
+
+    def status(self) -> StatusSnapshot: ...
+
+    def pause(self) -> str: ...
+
+    def resume(self) -> str: ...
+
+    def drain(self, timeout_s: float) -> tuple[str, bool]: ...
+
+
+class _AdminServicer(admin_pb2_grpc.AdminServicer):
+    def __init__(self, service: str, instance: str, controls: AdminControls) -> None:
+        self._service = service
+        self._instance = instance
+        self._controls = controls
+        self._started = time.monotonic()
+
+    def Status(self, request: admin_pb2.StatusRequest, context: grpc.ServicerContext) -> admin_pb2.StatusReply:
+        snap = self._controls.status()
+        return admin_pb2.StatusReply(
+            service=self._service,
+            instance=self._instance,
+            version=__version__,
+            state=snap.state,
+            partitions=[
+                admin_pb2.PartitionStatus(topic=t, partition=p, position=pos, lag=lag)
+                for t, p, pos, lag in snap.partitions
+            ],
+            transactions_committed=snap.transactions_committed,
+            transactions_aborted=snap.transactions_aborted,
+            records_in=snap.records_in,
+            records_out=snap.records_out,
+            last_error=snap.last_error,
+            uptime_seconds=time.monotonic() - self._started,
+            gauges=snap.gauges,
+        )
+
+    def Pause(self, request: admin_pb2.PauseRequest, context: grpc.ServicerContext) -> admin_pb2.PauseReply:
+        log.info("admin: pause")
+        return admin_pb2.PauseReply(state=self._controls.pause())
+
+    def Resume(self, request: admin_pb2.ResumeRequest, context: grpc.ServicerContext) -> admin_pb2.ResumeReply:
+        log.info("admin: resume")
+        return admin_pb2.ResumeReply(state=self._controls.resume())
+
+    def Drain(self, request: admin_pb2.DrainRequest, context: grpc.ServicerContext) -> admin_pb2.DrainReply:
+        timeout = request.timeout_seconds or 30
+        log.info("admin: drain (timeout %ss)", timeout)
+        state, drained = self._controls.drain(float(timeout))
+        return admin_pb2.DrainReply(state=state, drained=drained)
+
+
+class ServiceServer:
+    """Builds and runs the gRPC server. ``add_servicers`` registers the service's own RPCs;
+    ``service_names`` lists their full names for reflection and health."""
+
+    def __init__(
+        self,
+        *,
+        service: str,
+        instance: str,
+        host: str,
+        port: int,
+        controls: AdminControls,
+        admin_token: str,
+        add_servicers: Callable[[grpc.Server], None] = lambda _server: None,
+        service_names: tuple[str, ...] = (),
+        max_workers: int = 32,
+    ) -> None:
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"{service}-grpc"),
+            interceptors=[TokenAuthInterceptor(admin_token)],
+            options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)],
+        )
+        self._health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        admin_pb2_grpc.add_AdminServicer_to_server(_AdminServicer(service, instance, controls), self._server)
+        add_servicers(self._server)
+        names = (
+            admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+            *service_names,
+        )
+        reflection.enable_server_reflection(names, self._server)
+        self._service_names = (*service_names, admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name)
+        bound = self._server.add_insecure_port(f"{host}:{port}")
+        if bound == 0:
+            raise OSError(f"cannot bind {host}:{port}")
+        self.address = f"{host}:{bound}"
+
+    def start(self) -> None:
+        self._server.start()
+        self.set_serving(True)
+        log.info("gRPC on %s", self.address)
+
+    def set_serving(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", *self._service_names):
+            self._health.set(name, status)
+
+    def stop(self, grace_s: float) -> None:
+        """Refuse new calls, let running ones finish for up to ``grace_s``."""
+        self.set_serving(False)
+        self._server.stop(grace_s).wait()

@@ -1,0 +1,43 @@
+"""The record envelope on the wire (proto/onceflow/v1/envelope.proto)."""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+from google.protobuf.message import DecodeError as _ProtoDecodeError
+
+from onceflow.v1.envelope_pb2 import Envelope
+
+
+class DecodeError(ValueError):
+    """A value on a onceflow topic is not an envelope: a poison record."""
+
+
+def new_id() -> int:
+    """A random non-zero uint64: root ids and edge ids. Zero is reserved because XOR with 0 is a no-op."""
+    while True:
+        value = secrets.randbits(64)
+        if value:
+            return value
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def encode_envelope(envelope: Envelope) -> bytes:
+    return envelope.SerializeToString(deterministic=True)
+
+
+def decode_envelope(data: bytes | None) -> Envelope:
+    if not data:
+        raise DecodeError("empty value")
+    envelope = Envelope()
+    try:
+        envelope.ParseFromString(data)
+    except _ProtoDecodeError as exc:
+        raise DecodeError(f"not an Envelope: {exc}") from exc
+    if not envelope.record_id:
+        raise DecodeError("envelope without record_id")
+    return envelope

@@ -1,0 +1,1 @@
+"""Kafka clients configured the one way onceflow uses them."""

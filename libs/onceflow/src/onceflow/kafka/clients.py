@@ -1,0 +1,62 @@
+"""Client factories. Every consumer is read_committed with auto-commit off; every producer
+that writes onceflow topics is transactional (hence idempotent)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient
+
+from onceflow.config import CommonSettings
+
+log = logging.getLogger(__name__)
+
+
+def _log_error(err: Any) -> None:
+    # librdkafka reports transient broker trouble (e.g. a restarting broker) here and retries on
+    # its own; it is worth a log line, not an exception.
+    log.warning("kafka client: %s", err)
+
+
+def consumer(common: CommonSettings, group_id: str, **overrides: Any) -> Consumer:
+    config: dict[str, Any] = {
+        "bootstrap.servers": common.kafka_bootstrap,
+        "group.id": group_id,
+        "isolation.level": "read_committed",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        "enable.partition.eof": False,
+        "error_cb": _log_error,
+    }
+    config.update(overrides)
+    return Consumer(config)
+
+
+def reader(common: CommonSettings, **overrides: Any) -> Consumer:
+    """A group-less read_committed consumer for assign()-style reads (restore, checks)."""
+    return consumer(
+        common,
+        group_id="onceflow-reader",
+        **{"enable.partition.eof": True, **overrides},
+    )
+
+
+def transactional_producer(common: CommonSettings, transactional_id: str, **overrides: Any) -> Producer:
+    config: dict[str, Any] = {
+        "bootstrap.servers": common.kafka_bootstrap,
+        "transactional.id": transactional_id,
+        "transaction.timeout.ms": common.transaction_timeout_ms,
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": 5,
+        "error_cb": _log_error,
+    }
+    config.update(overrides)
+    return Producer(config)
+
+
+def admin(common: CommonSettings) -> AdminClient:
+    return AdminClient({"bootstrap.servers": common.kafka_bootstrap})

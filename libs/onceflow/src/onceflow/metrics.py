@@ -1,0 +1,35 @@
+"""Prometheus metrics shared by every service (label ``service``), served over HTTP."""
+
+from __future__ import annotations
+
+import logging
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+log = logging.getLogger(__name__)
+
+TRANSACTIONS = Counter(
+    "onceflow_transactions_total", "Kafka transactions by outcome", ["service", "outcome"]
+)
+RECORDS_IN = Counter("onceflow_records_in_total", "Records consumed or accepted", ["service"])
+RECORDS_OUT = Counter("onceflow_records_out_total", "Records produced (outputs, not changelog)", ["service"])
+DEAD_LETTERS = Counter("onceflow_dead_letters_total", "Records sent to a DLQ", ["service"])
+REJECTED = Counter("onceflow_rejected_total", "Records refused at the boundary", ["service", "reason"])
+COMMIT_SECONDS = Histogram(
+    "onceflow_commit_seconds",
+    "Time from begin_transaction to a committed transaction",
+    ["service"],
+    buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10),
+)
+BATCH_RECORDS = Histogram(
+    "onceflow_batch_records", "Records per transaction", ["service"], buckets=(1, 10, 100, 500, 1000, 5000)
+)
+PENDING = Gauge("onceflow_pending_records", "Records accepted but not yet committed/processed", ["service"])
+RESTORED = Counter("onceflow_restored_records_total", "Changelog records applied on restore", ["service"])
+
+
+def serve(port: int) -> None:
+    """Expose /metrics on 127.0.0.1; port 0 disables."""
+    if port:
+        start_http_server(port, addr="127.0.0.1")
+        log.info("metrics on http://127.0.0.1:%d/metrics", port)

@@ -1,0 +1,7 @@
+"""State: the changelog topic is the source of truth, a store per partition materialises it."""
+
+from onceflow.state.overlay import StateTransaction
+from onceflow.state.store import KeyValueStore, MemoryStore
+from onceflow.state.stores import PartitionStores
+
+__all__ = ["KeyValueStore", "MemoryStore", "PartitionStores", "StateTransaction"]

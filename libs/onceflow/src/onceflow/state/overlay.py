@@ -1,0 +1,47 @@
+"""The uncommitted writes of one transaction over one partition's store.
+
+Reads see the overlay first, then the store. The overlay reaches the store only after the
+Kafka transaction commits; on abort it is dropped, so the store never holds a write that the
+changelog does not.
+"""
+
+from __future__ import annotations
+
+from onceflow.state.store import KeyValueStore
+
+_ABSENT = object()
+
+
+class StateTransaction:
+    def __init__(self, store: KeyValueStore) -> None:
+        self._store = store
+        self.changes: dict[bytes, bytes | None] = {}
+        # (key, previous overlay entry or _ABSENT): lets one record's writes be rolled back
+        # without copying the overlay per record.
+        self._undo: list[tuple[bytes, object]] = []
+
+    def get(self, key: bytes) -> bytes | None:
+        if key in self.changes:
+            return self.changes[key]
+        return self._store.get(key)
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self._write(key, value)
+
+    def delete(self, key: bytes) -> None:
+        self._write(key, None)
+
+    def _write(self, key: bytes, value: bytes | None) -> None:
+        self._undo.append((key, self.changes.get(key, _ABSENT)))
+        self.changes[key] = value
+
+    def savepoint(self) -> int:
+        return len(self._undo)
+
+    def rollback_to(self, savepoint: int) -> None:
+        while len(self._undo) > savepoint:
+            key, previous = self._undo.pop()
+            if previous is _ABSENT:
+                del self.changes[key]
+            else:
+                self.changes[key] = previous  # type: ignore[assignment]

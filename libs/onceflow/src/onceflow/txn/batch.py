@@ -1,0 +1,125 @@
+"""What a stage sees of one transaction: its input records, the outputs it emits and the state
+it writes. A stage never talks to Kafka; the loop turns all of this into one transaction."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from confluent_kafka import Message
+
+from onceflow.codec import now_ms
+from onceflow.state.overlay import StateTransaction
+from onceflow.state.stores import PartitionStores
+from onceflow.v1.envelope_pb2 import DeadLetter
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Output:
+    topic: str
+    value: bytes | None
+    key: bytes | None = None
+    partition: int | None = None
+    headers: list[tuple[str, bytes]] | None = None
+
+
+@dataclass(slots=True)
+class Savepoint:
+    outputs: int
+    state: dict[int, int] = field(default_factory=dict)
+
+
+class Batch:
+    def __init__(self, records: list[Message], stores: PartitionStores | None, dlq_topic: str, stage: str) -> None:
+        self.records = records
+        self.outputs: list[Output] = []
+        self.dead_letters = 0
+        self._stores = stores
+        self._overlays: dict[int, StateTransaction] = {}
+        self._dlq_topic = dlq_topic
+        self._stage = stage
+
+    def emit(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None = None,
+        partition: int | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> None:
+        self.outputs.append(Output(topic, value, key, partition, headers))
+
+    def state(self, partition: int) -> StateTransaction:
+        """The transactional view of the store of an input partition this worker owns."""
+        if self._stores is None:
+            raise RuntimeError(f"stage {self._stage} declared no changelog, so it has no state")
+        overlay = self._overlays.get(partition)
+        if overlay is None:
+            overlay = self._overlays[partition] = StateTransaction(self._stores[partition])
+        return overlay
+
+    @property
+    def overlays(self) -> dict[int, StateTransaction]:
+        return self._overlays
+
+    def savepoint(self) -> Savepoint:
+        return Savepoint(len(self.outputs), {p: o.savepoint() for p, o in self._overlays.items()})
+
+    def rollback_to(self, savepoint: Savepoint) -> None:
+        del self.outputs[savepoint.outputs :]
+        for partition, overlay in self._overlays.items():
+            overlay.rollback_to(savepoint.state.get(partition, 0))
+
+    def dead_letter(self, record: Message, error: BaseException | str) -> None:
+        """Send a poison record to the stage's DLQ, in this transaction, with the reason."""
+        error_class = type(error).__name__ if isinstance(error, BaseException) else "Rejected"
+        letter = DeadLetter(
+            stage=self._stage,
+            error_class=error_class,
+            message=str(error),
+            original=record.value() or b"",
+            source_topic=record.topic() or "",
+            source_partition=record.partition() or 0,
+            source_offset=record.offset() or 0,
+            failed_at_ms=now_ms(),
+        )
+        log.warning(
+            "dead letter from %s[%s]@%s: %s: %s",
+            record.topic(),
+            record.partition(),
+            record.offset(),
+            error_class,
+            error,
+        )
+        self.emit(self._dlq_topic, letter.SerializeToString(), key=record.key())
+        self.dead_letters += 1
+
+
+class Stage(Protocol):
+    """The pure part of a service: turns a batch of input records into outputs and state."""
+
+    name: str
+
+    def process(self, batch: Batch) -> None: ...
+
+
+class RecordStage:
+    """A stage that handles records one at a time. A record that raises is rolled back alone
+    and goes to the DLQ; the rest of the batch commits."""
+
+    name = "stage"
+
+    def process(self, batch: Batch) -> None:
+        for record in batch.records:
+            savepoint = batch.savepoint()
+            try:
+                self.process_record(record, batch)
+            except Exception as exc:  # noqa: BLE001 - one bad record must not stop the stream
+                batch.rollback_to(savepoint)
+                batch.dead_letter(record, exc)
+
+    def process_record(self, record: Message, batch: Batch) -> None:
+        raise NotImplementedError

@@ -1,0 +1,54 @@
+"""The three error classes of a Kafka transaction (DESIGN.md section 4), decided in one place."""
+
+from __future__ import annotations
+
+import enum
+
+from confluent_kafka import KafkaError, KafkaException
+
+
+class TxnErrorClass(enum.Enum):
+    RETRIABLE = "retriable"  # retry the same call
+    ABORTABLE = "abortable"  # abort, drop the overlay, seek back to committed offsets
+    FATAL = "fatal"  # fenced or broken: this instance is a zombie, exit non-zero
+    INDEFINITE = "indefinite"  # outcome unknown (timeout): recreate the producer
+
+
+# Codes that mean another instance owns our transactional.id (or group generation) now.
+FENCED_CODES = frozenset(
+    {
+        KafkaError._FENCED,
+        KafkaError.PRODUCER_FENCED,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    }
+)
+
+
+class FencedError(RuntimeError):
+    """This instance was fenced by a newer one; it must stop without writing anything else."""
+
+
+class IndefiniteOutcome(RuntimeError):
+    """A commit or abort whose result cannot be known (it timed out): recreate the producer."""
+
+
+def kafka_error(exc: BaseException) -> KafkaError | None:
+    if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
+        return exc.args[0]
+    return None
+
+
+def classify(exc: BaseException) -> TxnErrorClass:
+    err = kafka_error(exc)
+    if err is None:
+        return TxnErrorClass.ABORTABLE
+    if err.fatal() or err.code() in FENCED_CODES:
+        return TxnErrorClass.FATAL
+    if err.txn_requires_abort():
+        return TxnErrorClass.ABORTABLE
+    if err.code() == KafkaError._TIMED_OUT:
+        return TxnErrorClass.INDEFINITE
+    if err.retriable():
+        return TxnErrorClass.RETRIABLE
+    return TxnErrorClass.ABORTABLE

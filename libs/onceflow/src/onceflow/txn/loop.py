@@ -1,0 +1,325 @@
+"""The one transactional hop every stage runs (DESIGN.md section 4).
+
+poll a read_committed batch -> let the stage process it (pure: outputs and state overlay are
+buffered) -> begin -> produce outputs and changelog -> send_offsets_to_transaction with the
+group metadata (KIP-447 fencing) -> commit -> apply the overlay to the stores.
+
+No transaction is ever open while the consumer polls, and rebalance callbacks only run inside
+poll. So when partitions are revoked there is never an open transaction to finish: the last
+batch has committed or aborted by then, and revoking only drops the partitions' stores.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from onceflow import faults, metrics
+from onceflow.config import CommonSettings, LoopSettings
+from onceflow.kafka import clients
+from onceflow.state.store import KeyValueStore, MemoryStore
+from onceflow.state.stores import PartitionStores
+from onceflow.txn.batch import Batch, Stage
+from onceflow.txn.errors import FencedError, IndefiniteOutcome
+from onceflow.txn.producer import TransactionalProducer
+
+log = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_FENCED = 3
+
+
+class LoopState(str, enum.Enum):
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    PAUSED = "PAUSED"
+    DRAINED = "DRAINED"
+    STOPPED = "STOPPED"
+    FENCED = "FENCED"
+
+
+@dataclass
+class PartitionProgress:
+    topic: str
+    partition: int
+    position: int
+    lag: int
+
+
+@dataclass
+class LoopStats:
+    committed: int = 0
+    aborted: int = 0
+    producers_recreated: int = 0
+    records_in: int = 0
+    records_out: int = 0
+    dead_letters: int = 0
+    last_error: str = ""
+    partitions: list[PartitionProgress] = field(default_factory=list)
+
+
+class TransactionalLoop:
+    def __init__(
+        self,
+        *,
+        stage: Stage,
+        common: CommonSettings,
+        settings: LoopSettings,
+        input_topic: str,
+        group_id: str,
+        transactional_id: str,
+        dlq_topic: str,
+        changelog_topic: str | None = None,
+        store_factory: Callable[[int], KeyValueStore] = lambda _partition: MemoryStore(),
+    ) -> None:
+        self.stage = stage
+        self._common = common
+        self._settings = settings
+        self.input_topic = input_topic
+        self.group_id = group_id
+        self.transactional_id = transactional_id
+        self._dlq_topic = dlq_topic
+        self.stores = PartitionStores(common, changelog_topic, store_factory) if changelog_topic else None
+        self.stats = LoopStats()
+        self.state = LoopState.STARTING
+        self._stop = threading.Event()
+        self._pause_requested = False
+        self._drain_requested = False
+        self._drained = threading.Event()
+        self._producer: TransactionalProducer | None = None
+        self._consumer: Consumer | None = None
+        self._paused_now = False
+        self._last_progress = 0.0
+
+    # -- control (any thread) --------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Graceful: the current batch finishes and commits, then the loop leaves the group."""
+        self._stop.set()
+
+    def pause(self) -> None:
+        self._pause_requested = True
+
+    def resume(self) -> None:
+        self._pause_requested = False
+        self._drain_requested = False
+        self._drained.clear()
+
+    def drain(self, timeout_s: float) -> bool:
+        """Stop taking batches; True once everything taken has committed."""
+        self._drain_requested = True
+        return self._drained.wait(timeout_s)
+
+    # -- the loop (one thread) -------------------------------------------------------------
+
+    def run(self) -> int:
+        try:
+            self._producer = TransactionalProducer(
+                self._common, self.transactional_id, self._settings.commit_timeout_s, stop=self._stop
+            )
+        except FencedError as exc:
+            log.error("%s: cannot start: %s", self.stage.name, exc)
+            return EXIT_FENCED
+        self._consumer = clients.consumer(
+            self._common,
+            self.group_id,
+            **{"session.timeout.ms": self._settings.session_timeout_ms},
+        )
+        self._consumer.subscribe(
+            [self.input_topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
+        )
+        self.state = LoopState.RUNNING
+        log.info("%s: consuming %s as %s", self.stage.name, self.input_topic, self.transactional_id)
+        try:
+            while not self._stop.is_set():
+                self._apply_pause()
+                records = self._poll()
+                if records:
+                    self._transact(records)
+                elif self._drain_requested:
+                    self._drained.set()
+                self._sample_progress()
+            self.state = LoopState.STOPPED
+            return EXIT_OK
+        except FencedError as exc:
+            self.state = LoopState.FENCED
+            self.stats.last_error = str(exc)
+            log.error("%s: fenced, this instance is a zombie and stops: %s", self.stage.name, exc)
+            return EXIT_FENCED
+        finally:
+            self._close()
+
+    def _poll(self) -> list[Message]:
+        assert self._consumer is not None
+        messages = self._consumer.consume(
+            num_messages=self._settings.max_batch_records, timeout=self._settings.max_batch_ms / 1000
+        )
+        records = []
+        for message in messages:
+            error = message.error()
+            if error is None:
+                records.append(message)
+            elif error.code() != KafkaError._PARTITION_EOF:
+                log.warning("consume: %s", error)
+        return records
+
+    def _transact(self, records: list[Message]) -> None:
+        started = time.monotonic()
+        batch = Batch(records, self.stores, self._dlq_topic, self.stage.name)
+        try:
+            self.stage.process(batch)
+        except Exception as exc:  # a bug in the stage itself: nothing was produced yet
+            log.exception("%s: stage failed on a batch of %d; retrying from committed offsets", self.stage.name, len(records))
+            self.stats.last_error = f"stage: {exc}"
+            self._stop.wait(1.0)
+            self._resync()
+            return
+        assert self._producer is not None
+        try:
+            changelog_offsets = self._commit_batch(batch, records)
+        except IndefiniteOutcome as exc:
+            self._note_failure(f"indefinite transaction outcome, producer recreated: {exc}")
+            self._producer.recreate()
+            self._resync()
+            return
+        except KafkaException as exc:
+            self._note_failure(f"transaction aborted: {exc}")
+            self._producer.abort()
+            self._resync()
+            return
+        faults.point("after_commit")
+        if self.stores is not None:
+            for partition, overlay in batch.overlays.items():
+                offset = changelog_offsets.get(partition)
+                self.stores[partition].apply(overlay.changes, None if offset is None else offset + 1)
+        self._count_commit(batch, len(records), started)
+
+    def _commit_batch(self, batch: Batch, records: list[Message]) -> dict[int, int]:
+        """One transaction; returns the last changelog offset written per partition."""
+        producer, consumer = self._producer, self._consumer
+        assert producer is not None and consumer is not None
+        changelog_offsets: dict[int, int] = {}
+
+        def track_changelog(err: KafkaError | None, msg: Message) -> None:
+            if err is None:
+                changelog_offsets[msg.partition()] = max(changelog_offsets.get(msg.partition(), -1), msg.offset())
+
+        producer.begin()
+        faults.point("before_produce")
+        for out in batch.outputs:
+            producer.produce(out.topic, out.value, out.key, out.partition, out.headers)
+        if self.stores is not None:
+            for partition, overlay in batch.overlays.items():
+                for key, value in overlay.changes.items():
+                    producer.produce(self.stores.changelog_topic, value, key, partition, on_delivery=track_changelog)
+        faults.point("after_produce")
+        producer.send_offsets(self._next_offsets(records), consumer.consumer_group_metadata())
+        producer.commit()
+        return changelog_offsets
+
+    @staticmethod
+    def _next_offsets(records: list[Message]) -> list[TopicPartition]:
+        nxt: dict[tuple[str, int], int] = {}
+        for record in records:
+            key = (record.topic(), record.partition())
+            nxt[key] = max(nxt.get(key, 0), record.offset() + 1)
+        return [TopicPartition(topic, partition, offset) for (topic, partition), offset in nxt.items()]
+
+    def _count_commit(self, batch: Batch, count: int, started: float) -> None:
+        produced = len(batch.outputs) - batch.dead_letters
+        self.stats.committed += 1
+        self.stats.records_in += count
+        self.stats.records_out += produced
+        self.stats.dead_letters += batch.dead_letters
+        name = self.stage.name
+        metrics.TRANSACTIONS.labels(name, "committed").inc()
+        metrics.RECORDS_IN.labels(name).inc(count)
+        metrics.RECORDS_OUT.labels(name).inc(produced)
+        metrics.DEAD_LETTERS.labels(name).inc(batch.dead_letters)
+        metrics.BATCH_RECORDS.labels(name).observe(count)
+        metrics.COMMIT_SECONDS.labels(name).observe(time.monotonic() - started)
+
+    def _note_failure(self, message: str) -> None:
+        self.stats.aborted += 1
+        self.stats.last_error = message
+        metrics.TRANSACTIONS.labels(self.stage.name, "aborted").inc()
+        log.warning("%s: %s", self.stage.name, message)
+
+    def _resync(self) -> None:
+        """Forget everything since the last commit: seek every owned partition back to its
+        committed offset and catch the stores up with whatever the changelog committed."""
+        assert self._consumer is not None
+        assignment = self._consumer.assignment()
+        if assignment:
+            committed = None
+            while committed is None:
+                try:
+                    committed = self._consumer.committed(assignment, timeout=10)
+                except KafkaException as exc:
+                    log.warning("fetching committed offsets: %s", exc)
+                    if self._stop.wait(1.0):
+                        return
+            for tp in committed:
+                if tp.offset < 0:
+                    tp.offset = OFFSET_BEGINNING
+                self._consumer.seek(tp)
+        if self.stores is not None:
+            self.stores.catch_up()
+
+    # -- rebalance ---------------------------------------------------------------------------
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        log.info("%s: assigned %s", self.stage.name, [p.partition for p in partitions])
+        if self.stores is not None:
+            self.stores.assign(p.partition for p in partitions)
+            metrics.RESTORED.labels(self.stage.name).inc(0)
+        consumer.assign(partitions)
+        if self._paused_now:
+            consumer.pause(partitions)
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        log.info("%s: revoked %s", self.stage.name, [p.partition for p in partitions])
+        if self.stores is not None:
+            self.stores.revoke(p.partition for p in partitions)
+
+    def _apply_pause(self) -> None:
+        assert self._consumer is not None
+        want = self._pause_requested or self._drain_requested
+        if want == self._paused_now:
+            return
+        assignment = self._consumer.assignment()
+        if want:
+            self._consumer.pause(assignment)
+            self.state = LoopState.DRAINED if self._drain_requested else LoopState.PAUSED
+        else:
+            self._consumer.resume(assignment)
+            self.state = LoopState.RUNNING
+        self._paused_now = want
+
+    def _sample_progress(self) -> None:
+        now = time.monotonic()
+        if now - self._last_progress < 2.0 or self._consumer is None:
+            return
+        self._last_progress = now
+        progress = []
+        for tp in self._consumer.position(self._consumer.assignment()):
+            try:
+                _low, high = self._consumer.get_watermark_offsets(tp, timeout=0.5)
+            except KafkaException:
+                continue
+            position = tp.offset if tp.offset >= 0 else 0
+            progress.append(PartitionProgress(tp.topic, tp.partition, position, max(0, high - position)))
+        self.stats.partitions = progress
+
+    def _close(self) -> None:
+        if self._consumer is not None:
+            try:
+                self._consumer.close()
+            except Exception:  # noqa: BLE001 - closing after a fence may fail, nothing to save
+                log.debug("consumer close failed", exc_info=True)

@@ -1,0 +1,126 @@
+"""A transactional producer that speaks in the three error classes.
+
+Every service that writes onceflow topics goes through this class, so what "retriable",
+"abortable", "fenced" and "indefinite" mean is decided once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from onceflow.config import CommonSettings
+from onceflow.kafka import clients
+from onceflow.txn.errors import FencedError, IndefiniteOutcome, TxnErrorClass, classify
+
+log = logging.getLogger(__name__)
+
+_RETRIES = 5
+DeliveryCallback = Callable[[KafkaError | None, Message], None]
+
+
+class TransactionalProducer:
+    def __init__(
+        self,
+        common: CommonSettings,
+        transactional_id: str,
+        call_timeout_s: float = 30.0,
+        stop: threading.Event | None = None,
+        **overrides: Any,
+    ) -> None:
+        self._common = common
+        self.transactional_id = transactional_id
+        self._timeout = call_timeout_s
+        self._stop = stop or threading.Event()
+        self._overrides = overrides
+        self.recreated = 0
+        self._producer = self._init()
+
+    def _init(self) -> Producer:
+        """init_transactions fences every older producer with our transactional.id and resolves
+        its open transaction. Retried while the broker is unreachable."""
+        while True:
+            producer = clients.transactional_producer(self._common, self.transactional_id, **self._overrides)
+            try:
+                producer.init_transactions(self._timeout)
+                return producer
+            except KafkaException as exc:
+                if classify(exc) is TxnErrorClass.FATAL:
+                    raise FencedError(str(exc)) from exc
+                log.warning("init_transactions(%s): %s; retrying", self.transactional_id, exc)
+                if self._stop.wait(1.0):
+                    raise FencedError("stopped before the producer could initialise") from exc
+
+    def recreate(self) -> None:
+        """After an indefinite commit/abort. librdkafka has no client side of KIP-890: a late
+        EndTxn could land on our next transaction, so never retry blindly; a new producer bumps
+        the epoch and the coordinator settles the old transaction first."""
+        self.recreated += 1
+        self._producer = self._init()
+
+    def begin(self) -> None:
+        self._call(self._producer.begin_transaction)
+
+    def produce(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None = None,
+        partition: int | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+        on_delivery: DeliveryCallback | None = None,
+    ) -> None:
+        kwargs: dict[str, Any] = {"key": key, "value": value}
+        if partition is not None:
+            kwargs["partition"] = partition
+        if headers:
+            kwargs["headers"] = headers
+        if on_delivery is not None:
+            kwargs["on_delivery"] = on_delivery
+        while True:
+            try:
+                self._call(lambda: self._producer.produce(topic, **kwargs))
+                return
+            except BufferError:  # local queue full: let deliveries drain, then go on
+                self._producer.poll(0.1)
+
+    def send_offsets(self, offsets: list[TopicPartition], group_metadata: Any) -> None:
+        self._call(lambda: self._producer.send_offsets_to_transaction(offsets, group_metadata, self._timeout), retry=True)
+
+    def commit(self) -> None:
+        self._call(lambda: self._producer.commit_transaction(self._timeout), retry=True, indefinite_on_retriable=True)
+        self._producer.poll(0)  # serve delivery reports now: they carry offsets callers track
+
+    def abort(self) -> None:
+        """Abort; if even that cannot be decided, recreate the producer (which aborts for us)."""
+        try:
+            self._call(lambda: self._producer.abort_transaction(self._timeout), retry=True, indefinite_on_retriable=True)
+        except (IndefiniteOutcome, KafkaException) as exc:
+            log.warning("abort failed (%s); recreating the producer", exc)
+            self.recreate()
+
+    def _call(self, call: Callable[[], Any], retry: bool = False, indefinite_on_retriable: bool = False) -> Any:
+        """Run one producer call, retrying retriable errors, and translate the rest:
+        FencedError (fatal), IndefiniteOutcome (unknown result) or KafkaException (abortable)."""
+        for attempt in range(1, _RETRIES + 1):
+            try:
+                return call()
+            except KafkaException as exc:
+                kind = classify(exc)
+                if kind is TxnErrorClass.FATAL:
+                    raise FencedError(str(exc)) from exc
+                if kind is TxnErrorClass.INDEFINITE:
+                    raise IndefiniteOutcome(str(exc)) from exc
+                if kind is TxnErrorClass.RETRIABLE and retry and attempt < _RETRIES:
+                    log.warning("retriable error (attempt %d): %s", attempt, exc)
+                    time.sleep(0.2 * attempt)
+                    continue
+                if kind is TxnErrorClass.RETRIABLE and indefinite_on_retriable:
+                    raise IndefiniteOutcome(str(exc)) from exc
+                raise
+        raise AssertionError("unreachable")

@@ -1,0 +1,59 @@
+"""Error classification and fault-rule parsing: pure, no broker."""
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from onceflow import faults
+from onceflow.codec import DecodeError, decode_envelope, encode_envelope, new_id
+from onceflow.txn.errors import TxnErrorClass, classify
+from onceflow.v1.envelope_pb2 import Envelope
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (KafkaError(KafkaError._FENCED, fatal=True), TxnErrorClass.FATAL),
+        (KafkaError(KafkaError.PRODUCER_FENCED), TxnErrorClass.FATAL),
+        (KafkaError(KafkaError.INVALID_PRODUCER_EPOCH), TxnErrorClass.FATAL),
+        (KafkaError(KafkaError._STATE, txn_requires_abort=True), TxnErrorClass.ABORTABLE),
+        (KafkaError(KafkaError._TIMED_OUT, retriable=True), TxnErrorClass.INDEFINITE),
+        (KafkaError(KafkaError.COORDINATOR_LOAD_IN_PROGRESS, retriable=True), TxnErrorClass.RETRIABLE),
+        (KafkaError(KafkaError.UNKNOWN), TxnErrorClass.ABORTABLE),
+    ],
+)
+def test_classify(error, expected):
+    assert classify(KafkaException(error)) is expected
+
+
+def test_fault_rules_count_hits():
+    faults.reload("after_produce@3")
+    try:
+        assert faults._rules.at_hit == {"after_produce": 3}
+        faults.point("after_produce")
+        faults.point("after_produce")
+        assert faults._rules.hits["after_produce"] == 2
+    finally:
+        faults.reload("")
+
+
+def test_fault_random_rule_parses_probability_and_seed():
+    faults.reload("random@0.25@7")
+    try:
+        assert faults._rules.probability == 0.25
+    finally:
+        faults.reload("")
+
+
+def test_envelope_round_trip_and_poison():
+    envelope = Envelope(record_id="r-1", root_id=new_id(), edge_id=new_id(), attempt=1, key=b"k", payload=b"p")
+    assert decode_envelope(encode_envelope(envelope)) == envelope
+    with pytest.raises(DecodeError):
+        decode_envelope(b"\xff\xff not protobuf")
+    with pytest.raises(DecodeError):
+        decode_envelope(None)
+    with pytest.raises(DecodeError):
+        decode_envelope(Envelope(payload=b"no id").SerializeToString())
+
+
+def test_new_id_is_never_zero():
+    assert all(new_id() != 0 for _ in range(1000))

@@ -1,0 +1,37 @@
+"""Ingest settings: ONCEFLOW_INGEST_* (plus the common ONCEFLOW_* ones)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from onceflow.config import CommonSettings
+
+RECORD_ID_MAX_BYTES = 256  # part of the contract (DESIGN.md section 3), not a tunable
+
+
+class IngestSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ONCEFLOW_INGEST_", extra="ignore")
+
+    common: CommonSettings = Field(default_factory=CommonSettings)
+    host: str = "127.0.0.1"
+    port: int = Field(default=50051, ge=0, le=65535)
+    metrics_port: int = Field(default=9101, ge=0, le=65535)
+    # Stable across restarts: the transactional.id derives from it, so a restarted instance
+    # fences its own zombie.
+    instance: str = "ingest-0"
+    # Storm's max.spout.pending: records accepted but not yet committed (later: not yet
+    # processed). Past it, callers get RESOURCE_EXHAUSTED with a retry hint.
+    max_pending: int = Field(default=50_000, ge=1)
+    max_request_records: int = Field(default=10_000, ge=1)
+    # Kafka's default message.max.bytes is ~1 MiB; leave room for the envelope and a batch.
+    max_payload_bytes: int = Field(default=256 * 1024, ge=1, le=900 * 1024)
+    max_key_bytes: int = Field(default=4096, ge=1)
+    # Group commit: one transaction carries what concurrent callers sent, up to this many.
+    max_transaction_records: int = Field(default=5_000, ge=1)
+    retry_after_ms: int = Field(default=200, ge=1)
+    shutdown_grace_s: float = Field(default=10.0, ge=0)
+
+    @property
+    def transactional_id(self) -> str:
+        return f"{self.common.topic_prefix}onceflow-ingest-{self.instance}"

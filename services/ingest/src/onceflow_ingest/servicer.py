@@ -1,0 +1,121 @@
+"""The gRPC Ingest service: validate at the boundary, then hand records to the group committer."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+
+import grpc
+
+from onceflow import metrics
+from onceflow.codec import now_ms
+from onceflow.v1 import ingest_pb2, ingest_pb2_grpc
+
+from onceflow_ingest.committer import GroupCommitter, NotCommitted, OutcomeUnknown, Overloaded
+from onceflow_ingest.config import IngestSettings
+from onceflow_ingest.validation import Invalid, Limits, check_record, to_envelope
+
+log = logging.getLogger(__name__)
+
+COMMIT_WAIT_S = 60.0
+STREAM_BACKPRESSURE_WAIT_S = 30.0
+
+
+class IngestServicer(ingest_pb2_grpc.IngestServicer):
+    def __init__(self, settings: IngestSettings, committer: GroupCommitter) -> None:
+        self._settings = settings
+        self._committer = committer
+        self._limits = Limits(settings.max_payload_bytes, settings.max_key_bytes)
+        self.accepted = 0
+        # Cleared by Admin Pause/Drain: calls then get UNAVAILABLE, nothing is queued.
+        self.accepting = threading.Event()
+        self.accepting.set()
+
+    def Ingest(self, request: ingest_pb2.IngestRequest, context: grpc.ServicerContext) -> ingest_pb2.IngestReply:
+        self._check_wait(request, context)
+        records = request.records
+        if not records:
+            self._reject(context, "empty", "records: empty batch, send at least one record")
+        if len(records) > self._settings.max_request_records:
+            self._reject(
+                context,
+                "too_many",
+                f"records: {len(records)} records, the limit per request is {self._settings.max_request_records}",
+            )
+        for index, record in enumerate(records):
+            invalid = check_record(index, record, self._limits)
+            if invalid is not None:
+                self._reject(context, invalid.field.rsplit(".", 1)[-1], str(invalid))
+        ingest_time = now_ms()
+        envelopes = [to_envelope(record, ingest_time) for record in records]
+        commit_id = self._commit(envelopes, context, block_s=0.0)
+        return ingest_pb2.IngestReply(accepted=len(envelopes), commit_ids=[commit_id])
+
+    def IngestStream(
+        self, request_iterator: Iterator[ingest_pb2.IngestRequest], context: grpc.ServicerContext
+    ) -> ingest_pb2.IngestReply:
+        reply = ingest_pb2.IngestReply()
+        index = 0
+        for request in request_iterator:
+            self._check_wait(request, context)
+            ingest_time = now_ms()
+            envelopes = []
+            for record in request.records:
+                invalid = check_record(index, record, self._limits, field_prefix="stream")
+                if invalid is None:
+                    envelopes.append(to_envelope(record, ingest_time))
+                else:
+                    metrics.REJECTED.labels("ingest", invalid.field.rsplit(".", 1)[-1]).inc()
+                    reply.rejected.append(
+                        ingest_pb2.Rejection(index=invalid.index, field=invalid.field, message=invalid.message)
+                    )
+                index += 1
+            if envelopes:
+                # Streams block for room instead of failing at once: gRPC flow control then
+                # slows the client down, which is what a stream wants.
+                reply.commit_ids.append(self._commit(envelopes, context, block_s=STREAM_BACKPRESSURE_WAIT_S, so_far=reply.accepted))
+                reply.accepted += len(envelopes)
+        return reply
+
+    def _commit(self, envelopes: list, context: grpc.ServicerContext, block_s: float, so_far: int = 0) -> int:
+        suffix = f" ({so_far} records of this stream were committed before this)" if so_far else ""
+        try:
+            submission = self._committer.submit(envelopes, block_s=block_s)
+        except Overloaded as exc:
+            context.set_trailing_metadata((("retry-after-ms", str(self._settings.retry_after_ms)),))
+            metrics.REJECTED.labels("ingest", "overloaded").inc(len(envelopes))
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{exc}; retry after {self._settings.retry_after_ms} ms{suffix}",
+            )
+        except NotCommitted as exc:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"{exc}; nothing was written{suffix}")
+        try:
+            commit_id = submission.wait(COMMIT_WAIT_S)
+        except NotCommitted as exc:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"{exc}; nothing was written, retry{suffix}")
+        except OutcomeUnknown as exc:
+            context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"{exc}; retry with the same record_ids (duplicates are dropped downstream){suffix}",
+            )
+        self.accepted += len(envelopes)
+        metrics.RECORDS_IN.labels("ingest").inc(len(envelopes))
+        return commit_id
+
+    def _check_wait(self, request: ingest_pb2.IngestRequest, context: grpc.ServicerContext) -> None:
+        if not self.accepting.is_set():
+            context.abort(grpc.StatusCode.UNAVAILABLE, "ingest is paused or drained by an operator; retry later")
+        if request.wait == ingest_pb2.WAIT_FOR_PROCESSED:
+            context.abort(
+                grpc.StatusCode.UNIMPLEMENTED,
+                "wait=WAIT_FOR_PROCESSED needs the acker, which this deployment does not run yet",
+            )
+
+    def _reject(self, context: grpc.ServicerContext, reason: str, message: str) -> None:
+        metrics.REJECTED.labels("ingest", reason).inc()
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+__all__ = ["IngestServicer", "Invalid"]

@@ -1,0 +1,64 @@
+"""Boundary checks for client records. Pure: no Kafka, no gRPC."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from onceflow.codec import new_id
+from onceflow.v1.envelope_pb2 import Envelope
+from onceflow.v1.ingest_pb2 import IngestRecord
+
+from onceflow_ingest.config import RECORD_ID_MAX_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_payload_bytes: int
+    max_key_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Invalid:
+    """Why one record was refused: ``field`` names the record by index, e.g. records[3].record_id."""
+
+    index: int
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+def check_record(index: int, record: IngestRecord, limits: Limits, field_prefix: str = "records") -> Invalid | None:
+    where = f"{field_prefix}[{index}]"
+    record_id = record.record_id
+    if not record_id:
+        return Invalid(index, f"{where}.record_id", "required: the idempotency key (ingest never invents one)")
+    if len(record_id) > RECORD_ID_MAX_BYTES:
+        return Invalid(index, f"{where}.record_id", f"{len(record_id)} bytes, the limit is {RECORD_ID_MAX_BYTES}")
+    try:
+        record_id.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return Invalid(index, f"{where}.record_id", f"not valid UTF-8 (byte {exc.start})")
+    if len(record.payload) > limits.max_payload_bytes:
+        return Invalid(index, f"{where}.payload", f"{len(record.payload)} bytes, the limit is {limits.max_payload_bytes}")
+    if len(record.key) > limits.max_key_bytes:
+        return Invalid(index, f"{where}.key", f"{len(record.key)} bytes, the limit is {limits.max_key_bytes}")
+    if record.event_time_ms < 0:
+        return Invalid(index, f"{where}.event_time_ms", f"{record.event_time_ms} is negative")
+    return None
+
+
+def to_envelope(record: IngestRecord, ingest_time_ms: int, attempt: int = 1) -> Envelope:
+    """A checked record as the first envelope of a new tuple tree."""
+    return Envelope(
+        record_id=record.record_id.decode("utf-8"),
+        root_id=new_id(),
+        edge_id=new_id(),
+        attempt=attempt,
+        event_time_ms=record.event_time_ms or ingest_time_ms,
+        ingest_time_ms=ingest_time_ms,
+        key=record.key,
+        payload=record.payload,
+        headers=dict(record.headers),
+    )

@@ -1,0 +1,43 @@
+"""Ingest's boundary checks, without a broker."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from onceflow.v1.ingest_pb2 import IngestRecord
+from onceflow_ingest.validation import Limits, check_record, to_envelope
+
+LIMITS = Limits(max_payload_bytes=100, max_key_bytes=10)
+
+
+@pytest.mark.parametrize(
+    ("record", "field", "message"),
+    [
+        (IngestRecord(), "records[4].record_id", "required"),
+        (IngestRecord(record_id=b"x" * 257), "records[4].record_id", "257 bytes, the limit is 256"),
+        (IngestRecord(record_id=b"ok\xff"), "records[4].record_id", "not valid UTF-8"),
+        (IngestRecord(record_id=b"a", payload=b"p" * 101), "records[4].payload", "101 bytes, the limit is 100"),
+        (IngestRecord(record_id=b"a", key=b"k" * 11), "records[4].key", "11 bytes"),
+        (IngestRecord(record_id=b"a", event_time_ms=-1), "records[4].event_time_ms", "negative"),
+    ],
+)
+def test_invalid_records_name_field_and_index(record, field, message):
+    invalid = check_record(4, record, LIMITS)
+    assert invalid is not None
+    assert invalid.field == field
+    assert message in invalid.message
+
+
+def test_limits_are_inclusive():
+    assert check_record(0, IngestRecord(record_id="é".encode() * 128, payload=b"p" * 100, key=b"k" * 10), LIMITS) is None
+
+
+@given(record_id=st.text(min_size=1).filter(lambda s: len(s.encode()) <= 256), payload=st.binary(max_size=100))
+def test_valid_records_become_first_attempt_envelopes(record_id, payload):
+    record = IngestRecord(record_id=record_id.encode(), payload=payload)
+    assert check_record(0, record, LIMITS) is None
+    envelope = to_envelope(record, ingest_time_ms=1234)
+    assert envelope.record_id == record_id
+    assert envelope.attempt == 1
+    assert envelope.event_time_ms == envelope.ingest_time_ms == 1234
+    assert envelope.root_id and envelope.edge_id
