@@ -28,8 +28,8 @@ PENDING = Gauge("onceflow_pending_records", "Records accepted but not yet commit
 RESTORED = Counter("onceflow_restored_records_total", "Changelog records applied on restore", ["service"])
 
 
-def serve(port: int) -> None:
-    """Expose /metrics on 127.0.0.1; port 0 disables."""
+def serve(port: int, host: str = "127.0.0.1") -> None:
+    """Expose /metrics on the service's bind address; port 0 disables."""
     if port:
-        start_http_server(port, addr="127.0.0.1")
-        log.info("metrics on http://127.0.0.1:%d/metrics", port)
+        start_http_server(port, addr=host)
+        log.info("metrics on http://%s:%d/metrics", host, port)

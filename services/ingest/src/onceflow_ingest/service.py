@@ -83,7 +83,7 @@ class IngestService:
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self._stop.set())
-        metrics.serve(self.settings.metrics_port)
+        metrics.serve(self.settings.metrics_port, self.settings.host)
         self.committer.start()
         self.server.start()
         log.info("ingest ready: writing %s as %s", self.settings.common.topic("ingest.records"), self.settings.transactional_id)

@@ -1,5 +1,151 @@
 """`onceflow infra up | down | status | logs | install | topics`."""
 
+import enum
+import os
+import time
+from collections.abc import Callable
+from typing import Annotated, TypeVar
+
 import typer
+from confluent_kafka import KafkaException
+from rich.console import Console
+from rich.table import Table
+
+from onceflow.config import CommonSettings
+from onceflow.infra import stack
+from onceflow.infra._proc import InfraError, tail
+from onceflow.infra.kafka import KafkaBroker
+from onceflow.infra.paths import display_path
+from onceflow.infra.redis import RedisServer
+from onceflow.infra.topics import ensure_topics, load_specs
 
 app = typer.Typer(no_args_is_help=True, help="Local Kafka (KRaft) and Redis on 127.0.0.1.")
+out = Console()
+err = Console(stderr=True)
+T = TypeVar("T")
+
+
+class Component(enum.StrEnum):
+    kafka = "kafka"
+    redis = "redis"
+
+
+def _run(what: str, fn: Callable[[], T]) -> T:
+    """Run ``fn`` under a spinner; infrastructure errors become one red message and exit 1."""
+    try:
+        with err.status(what):
+            return fn()
+    except (InfraError, KafkaException, TimeoutError) as e:
+        err.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+
+
+def _status_table(rows: list[stack.ComponentStatus]) -> Table:
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("component", "state", "address", "pid", "detail"):
+        table.add_column(col)
+    for r in rows:
+        state = "[green]up[/]" if r.healthy else "[red]down[/]"
+        table.add_row(r.name, state, r.address, str(r.pid or "-"), r.detail)
+    return table
+
+
+@app.command()
+def install() -> None:
+    """Fetch Kafka's jars from Maven Central (cached) and install redis-server if missing."""
+    broker, redis = KafkaBroker.from_env(), RedisServer.from_env()
+    t0 = time.monotonic()
+    fetched = _run(f"assembling Kafka {broker.version} with Maven", broker.install)
+    how = f"fetched in {time.monotonic() - t0:.1f}s" if fetched else "up to date"
+    out.print(f"kafka {broker.version}: jars {how} ({display_path(broker.libs_dir)})", highlight=False)
+    installed = _run("installing redis-server", redis.ensure_installed)
+    out.print(
+        f"redis-server: {'installed' if installed else 'present'} ({RedisServer.binary()})", highlight=False
+    )
+
+
+@app.command()
+def up(
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for each component.")] = 90.0,
+    topics: Annotated[bool, typer.Option(help="Create the declared topics.")] = True,
+) -> None:
+    """Start Kafka and Redis (installing first if needed) and create the topics."""
+    t0 = time.monotonic()
+    if not KafkaBroker.from_env().is_installed():
+        install()
+    rows = _run("starting Kafka and Redis", lambda: stack.up(timeout=timeout, create_topics=topics))
+    out.print(_status_table(rows))
+    healthy = all(r.healthy for r in rows)
+    if healthy:
+        out.print(f"ready in {time.monotonic() - t0:.1f}s", style="dim")
+    raise typer.Exit(0 if healthy else 1)
+
+
+@app.command()
+def down() -> None:
+    """Stop Kafka and Redis (data is kept; delete .onceflow/ to start over)."""
+    stopped = _run("stopping", stack.down)
+    out.print(f"stopped {', '.join(stopped)}" if stopped else "nothing was running")
+
+
+@app.command()
+def status() -> None:
+    """Show each component; exit code 0 only if all are healthy."""
+    rows = stack.status()
+    out.print(_status_table(rows))
+    raise typer.Exit(0 if all(r.healthy for r in rows) else 1)
+
+
+@app.command()
+def logs(
+    component: Annotated[Component | None, typer.Argument(help="Default: both.")] = None,
+    lines: Annotated[int, typer.Option("-n", "--lines", help="Lines to show.")] = 40,
+    follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing new lines.")] = False,
+) -> None:
+    """Show the broker's server.log and/or redis.log."""
+    paths = {
+        Component.kafka: KafkaBroker.from_env().log_path,
+        Component.redis: RedisServer.from_env().log_path,
+    }
+    chosen = [paths[component]] if component else list(paths.values())
+    if follow:
+        # tail -F copes with log4j2's rollover and files that do not exist yet.
+        os.execvp("tail", ["tail", "-n", str(lines), "-F", *map(str, chosen)])
+    for i, path in enumerate(chosen):
+        if len(chosen) > 1:
+            typer.echo(f"{chr(10) if i else ''}==> {display_path(path)} <==")
+        text = tail(path, lines)
+        typer.echo(text if text else f"(no log yet at {display_path(path)})")
+
+
+@app.command()
+def topics(
+    prefix: Annotated[
+        str | None, typer.Option(help="Prepended to each name. Default: ONCEFLOW_TOPIC_PREFIX.")
+    ] = None,
+) -> None:
+    """Create the topics declared in infra/topics.toml that do not exist yet."""
+    broker = KafkaBroker.from_env()
+    prefix = CommonSettings().topic_prefix if prefix is None else prefix
+    if not broker.is_healthy():
+        err.print(
+            f"[red]error:[/] no broker answers on {broker.bootstrap} (onceflow infra up)",
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(1)
+    specs = load_specs()
+    created = set(_run("creating topics", lambda: ensure_topics(broker.bootstrap, prefix, specs)))
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("topic", "partitions", "policy", ""):
+        table.add_column(col)
+    for s in specs:
+        name = prefix + s.name
+        if s.compacted:
+            policy = "compact"
+        elif s.retention_ms:
+            policy = f"delete {s.retention_ms / 86_400_000:g}d"
+        else:
+            policy = "delete"
+        table.add_row(name, str(s.partitions), policy, "[green]created[/]" if name in created else "exists")
+    out.print(table)

@@ -14,6 +14,12 @@ from onceflow.config import CommonSettings
 log = logging.getLogger(__name__)
 
 
+# librdkafka's default "rebootstrap" can leave an in-flight send_offsets_to_transaction blocked
+# past its timeout when the only broker restarts (librdkafka #5511, #5456); "none" keeps
+# reconnecting to the known broker, and every call returns or times out.
+_RECOVERY = {"metadata.recovery.strategy": "none"}
+
+
 def _log_error(err: Any) -> None:
     # librdkafka reports transient broker trouble (e.g. a restarting broker) here and retries on
     # its own; it is worth a log line, not an exception.
@@ -30,6 +36,7 @@ def consumer(common: CommonSettings, group_id: str, **overrides: Any) -> Consume
         "auto.offset.reset": "earliest",
         "enable.partition.eof": False,
         "error_cb": _log_error,
+        **_RECOVERY,
     }
     config.update(overrides)
     return Consumer(config)
@@ -53,10 +60,11 @@ def transactional_producer(common: CommonSettings, transactional_id: str, **over
         "acks": "all",
         "linger.ms": 5,
         "error_cb": _log_error,
+        **_RECOVERY,
     }
     config.update(overrides)
     return Producer(config)
 
 
 def admin(common: CommonSettings) -> AdminClient:
-    return AdminClient({"bootstrap.servers": common.kafka_bootstrap})
+    return AdminClient({"bootstrap.servers": common.kafka_bootstrap, **_RECOVERY})

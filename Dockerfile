@@ -1,0 +1,23 @@
+# One multi-stage Dockerfile, one target per service: `docker build --target ingest .`
+# (No Docker engine runs on the development machines; the compose file is validated in tests
+# once the compose issue lands.)
+FROM python:3.11-slim AS base
+ENV PYTHONUNBUFFERED=1 UV_COMPILE_BYTECODE=1 UV_LINK_MODE=copy
+RUN pip install --no-cache-dir uv==0.13.8
+WORKDIR /app
+COPY pyproject.toml uv.lock ./
+COPY libs ./libs
+COPY services ./services
+COPY proto ./proto
+COPY infra/topics.toml ./infra/topics.toml
+
+FROM base AS ingest
+RUN uv sync --locked --no-dev --package onceflow-ingest \
+ && uv run --no-sync --with grpcio-tools python -m grpc_tools.protoc -Iproto \
+      --python_out=libs/onceflow/src --pyi_out=libs/onceflow/src --grpc_python_out=libs/onceflow/src \
+      proto/onceflow/v1/*.proto \
+ && touch libs/onceflow/src/onceflow/v1/__init__.py
+ENV ONCEFLOW_INGEST_HOST=0.0.0.0
+EXPOSE 50051 9101
+HEALTHCHECK CMD ["/app/.venv/bin/onceflow", "health", "127.0.0.1:50051"]
+CMD ["/app/.venv/bin/onceflow-ingest"]

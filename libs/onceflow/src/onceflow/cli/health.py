@@ -1,0 +1,24 @@
+"""`onceflow health ADDRESS`: exit 0 when a service's grpc.health.v1 answers SERVING.
+Readiness probes (Tilt, Compose) call it."""
+
+from __future__ import annotations
+
+import grpc
+import typer
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+
+def health(
+    address: str = typer.Argument(..., help="host:port of a onceflow service"),
+    timeout: float = typer.Option(2.0, help="Deadline in seconds."),
+) -> None:
+    """Check a service's gRPC health (exit 0 = SERVING)."""
+    with grpc.insecure_channel(address) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+        except grpc.RpcError as exc:
+            typer.echo(f"{address}: unreachable ({exc.code().name})")  # type: ignore[attr-defined]
+            raise typer.Exit(1) from None
+    name = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    typer.echo(f"{address}: {name}")
+    raise typer.Exit(0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1)

@@ -1,0 +1,57 @@
+"""Ports of the local stack (``ONCEFLOW_KAFKA_PORT``, ``ONCEFLOW_KAFKA_CONTROLLER_PORT``,
+``ONCEFLOW_REDIS_PORT``).
+
+Clients read ``ONCEFLOW_KAFKA_BOOTSTRAP`` / ``ONCEFLOW_REDIS_URL`` (CommonSettings). When a port
+is not set explicitly it is taken from those, so setting only the client address moves the
+server too and the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from onceflow.config import CommonSettings
+
+DEFAULT_KAFKA_PORT = 19092
+DEFAULT_KAFKA_CONTROLLER_PORT = 19093
+DEFAULT_REDIS_PORT = 16379
+_LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
+
+
+class InfraSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ONCEFLOW_", extra="ignore")
+
+    kafka_port: int | None = None
+    kafka_controller_port: int = DEFAULT_KAFKA_CONTROLLER_PORT
+    redis_port: int | None = None
+    # Seconds `up` waits for each component to answer.
+    start_timeout_s: float = 90.0
+
+
+def port_of(address: str, default: int) -> int:
+    """The port of ``host:port`` (or a URL) if the host is loopback, else ``default``."""
+    parts = urlsplit(address if "//" in address else f"//{address}")
+    try:
+        port = parts.port
+    except ValueError:
+        return default
+    if port is None or (parts.hostname or "") not in _LOOPBACK:
+        return default
+    return port
+
+
+def kafka_port(settings: InfraSettings | None = None) -> int:
+    s = settings or InfraSettings()
+    if s.kafka_port is not None:
+        return s.kafka_port
+    first = CommonSettings().kafka_bootstrap.split(",")[0].strip()
+    return port_of(first, DEFAULT_KAFKA_PORT)
+
+
+def redis_port(settings: InfraSettings | None = None) -> int:
+    s = settings or InfraSettings()
+    if s.redis_port is not None:
+        return s.redis_port
+    return port_of(CommonSettings().redis_url, DEFAULT_REDIS_PORT)

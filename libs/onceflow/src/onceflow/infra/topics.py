@@ -1,0 +1,138 @@
+"""Every onceflow topic, from ``infra/topics.toml``, created idempotently via the AdminClient."""
+
+from __future__ import annotations
+
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from onceflow.infra.paths import infra_dir
+
+# Changelogs are restored by reading them from the start, and compaction never touches the
+# active segment: rolling every minute and cleaning at 10% dirty keeps a restore close to one
+# record per key instead of the whole history.
+CHANGELOG_CONFIG = {
+    "cleanup.policy": "compact",
+    "segment.ms": "60000",
+    "min.cleanable.dirty.ratio": "0.1",
+}
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    compacted: bool = False
+    retention_ms: int | None = None
+    partitions_of: str | None = None
+    key: str = ""
+    doc: str = ""
+
+    def config(self) -> dict[str, str]:
+        if self.compacted:
+            return dict(CHANGELOG_CONFIG)
+        return {"retention.ms": str(self.retention_ms)} if self.retention_ms is not None else {}
+
+
+def topics_file() -> Path:
+    return infra_dir() / "topics.toml"
+
+
+def load_specs(path: Path | None = None) -> list[TopicSpec]:
+    """Parse topics.toml: ``[defaults]`` fill the gaps, ``partitions_of`` copies the partition
+    count of the named topic (a changelog must match its input partition for partition)."""
+    data = tomllib.loads((path or topics_file()).read_text())
+    defaults = data.get("defaults", {})
+    raw = data.get("topic", [])
+    by_name = {t["name"]: t for t in raw}
+    if len(by_name) != len(raw):
+        raise ValueError("duplicate topic name in topics.toml")
+
+    def partitions(name: str, seen: tuple[str, ...] = ()) -> int:
+        t = by_name[name]
+        src = t.get("partitions_of")
+        if src is None:
+            return int(t.get("partitions", defaults.get("partitions", 1)))
+        if src not in by_name:
+            raise ValueError(f"{name}: partitions_of names unknown topic {src!r}")
+        if src in seen:
+            raise ValueError(f"{name}: partitions_of cycle {' -> '.join((*seen, src))}")
+        return partitions(src, (*seen, name))
+
+    specs = []
+    for t in raw:
+        compacted = bool(t.get("compacted", False))
+        specs.append(
+            TopicSpec(
+                name=t["name"],
+                partitions=partitions(t["name"]),
+                compacted=compacted,
+                retention_ms=None if compacted else t.get("retention_ms", defaults.get("retention_ms")),
+                partitions_of=t.get("partitions_of"),
+                key=t.get("key", ""),
+                doc=t.get("doc", ""),
+            )
+        )
+    return specs
+
+
+def _admin(bootstrap: str) -> AdminClient:
+    return AdminClient({"bootstrap.servers": bootstrap})
+
+
+def ensure_topics(
+    bootstrap: str, prefix: str = "", specs: list[TopicSpec] | None = None, timeout: float = 30.0
+) -> list[str]:
+    """Create the topics (``prefix`` + name) that do not exist yet; returns the names created.
+
+    Replication factor 1 (one broker). Safe to run concurrently: TOPIC_ALREADY_EXISTS counts as
+    success. Returns once the broker's metadata lists every topic, so a producer can use them.
+    """
+    specs = load_specs() if specs is None else specs
+    admin = _admin(bootstrap)
+    existing = set(admin.list_topics(timeout=timeout).topics)
+    new = [
+        NewTopic(prefix + s.name, num_partitions=s.partitions, replication_factor=1, config=s.config())
+        for s in specs
+        if prefix + s.name not in existing
+    ]
+    created: list[str] = []
+    if new:
+        for name, fut in admin.create_topics(new, request_timeout=timeout).items():
+            try:
+                fut.result()
+                created.append(name)
+            except KafkaException as e:
+                if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise
+    wanted = {prefix + s.name for s in specs}
+    deadline = time.monotonic() + timeout
+    while not wanted <= set(admin.list_topics(timeout=timeout).topics):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"topics not visible after {timeout:.0f}s: {sorted(wanted)}")
+        time.sleep(0.1)
+    return created
+
+
+def delete_topics(bootstrap: str, prefix: str, timeout: float = 30.0) -> list[str]:
+    """Delete every topic whose name starts with ``prefix`` (tests' private namespaces). An
+    empty prefix deletes only the declared topics, never internal or foreign ones."""
+    admin = _admin(bootstrap)
+    names = set(admin.list_topics(timeout=timeout).topics)
+    if prefix:
+        doomed = sorted(n for n in names if n.startswith(prefix))
+    else:
+        doomed = sorted(names & {s.name for s in load_specs()})
+    if not doomed:
+        return []
+    for fut in admin.delete_topics(doomed, request_timeout=timeout).values():
+        try:
+            fut.result()
+        except KafkaException as e:
+            if e.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise
+    return doomed

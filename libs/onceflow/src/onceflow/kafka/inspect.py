@@ -1,0 +1,98 @@
+"""Reading topics back as a consumer that only sees committed data: used by the checker, the
+demo and `onceflow verify`-style tools, never on the hot path."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from confluent_kafka import OFFSET_BEGINNING, IsolationLevel, KafkaError, TopicPartition
+from confluent_kafka.admin import OffsetSpec
+
+from onceflow.config import CommonSettings
+from onceflow.kafka import clients
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRecord:
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+
+    def header(self, name: str) -> bytes | None:
+        return next((v for k, v in self.headers if k == name), None)
+
+
+def partitions_of(common: CommonSettings, topic: str) -> list[int]:
+    metadata = clients.admin(common).list_topics(topic, timeout=10)
+    return sorted(metadata.topics[topic].partitions)
+
+
+def end_offsets(common: CommonSettings, topic: str) -> dict[int, tuple[int, int]]:
+    """partition -> (last stable offset, high watermark)."""
+    admin = clients.admin(common)
+    result: dict[int, list[int]] = {}
+    partitions = partitions_of(common, topic)
+    for isolation in (IsolationLevel.READ_COMMITTED, IsolationLevel.READ_UNCOMMITTED):
+        request = {TopicPartition(topic, p): OffsetSpec.latest() for p in partitions}
+        for tp, future in admin.list_offsets(request, isolation_level=isolation, request_timeout=15).items():
+            result.setdefault(tp.partition, []).append(future.result().offset)
+    return {p: (offsets[0], offsets[1]) for p, offsets in result.items()}
+
+
+def hanging_transactions(common: CommonSettings, topics: Iterable[str], wait_s: float = 0.0) -> dict[str, list[int]]:
+    """Partitions whose read_committed end is below the high watermark (an open transaction),
+    after waiting up to ``wait_s`` for open transactions to finish or time out."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        hanging = {}
+        for topic in topics:
+            stuck = [p for p, (lso, hw) in end_offsets(common, topic).items() if lso < hw]
+            if stuck:
+                hanging[topic] = stuck
+        if not hanging or time.monotonic() >= deadline:
+            return hanging
+        time.sleep(0.5)
+
+
+def read_committed(
+    common: CommonSettings,
+    topic: str,
+    start: Mapping[int, int] | None = None,
+    timeout_s: float = 120.0,
+    on_progress: Callable[[int], None] | None = None,
+) -> list[TopicRecord]:
+    """Every committed record of ``topic`` (from ``start`` offsets, else the beginning) up to
+    each partition's last stable offset."""
+    reader = clients.reader(common)
+    records: list[TopicRecord] = []
+    try:
+        partitions = partitions_of(common, topic)
+        starts = start or {}
+        reader.assign([TopicPartition(topic, p, starts.get(p, OFFSET_BEGINNING)) for p in partitions])
+        pending = set(partitions)
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading {topic}: partitions {sorted(pending)} did not reach their end")
+            for message in reader.consume(num_messages=10_000, timeout=0.5):
+                error = message.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        pending.discard(message.partition())
+                        continue
+                    raise RuntimeError(f"reading {topic}: {error}")
+                records.append(
+                    TopicRecord(
+                        message.partition(), message.offset(), message.key(), message.value(),
+                        tuple(message.headers() or ()),
+                    )
+                )
+            if on_progress is not None:
+                on_progress(len(records))
+    finally:
+        reader.close()
+    return records

@@ -1,0 +1,119 @@
+"""A service as a real subprocess, and what operators and failures do to it: SIGTERM,
+kill -9, SIGSTOP/SIGCONT (zombies). Used by the CLI's demo and by the fault tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+
+class ServiceProcess:
+    def __init__(self, name: str, module: str, env: Mapping[str, str], log_dir: Path, cwd: Path | None = None) -> None:
+        self.name = name
+        self.module = module
+        self.env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+        self.log_path = log_dir / f"{name}.log"
+        self.cwd = cwd
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self, extra_env: Mapping[str, str] | None = None) -> ServiceProcess:
+        env = {**self.env, **(extra_env or {})}
+        self.starts += 1
+        log = self.log_path.open("ab")
+        log.write(f"\n===== start #{self.starts} =====\n".encode())
+        log.flush()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", self.module], env=env, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill9(self) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        return self.proc.wait(30)
+
+    def sigstop(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def sigcont(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
+    def terminate(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM and wait: a graceful stop."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+            raise AssertionError(f"{self.name} ignored SIGTERM for {timeout_s}s\n{self.log_tail()}") from None
+
+    def wait_exit(self, timeout_s: float) -> int:
+        assert self.proc is not None
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{self.name} still running after {timeout_s}s\n{self.log_tail()}") from None
+
+    def ensure_dead(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def wait_healthy(self, address: str, timeout_s: float = 60.0) -> None:
+        """Until grpc.health.v1 answers SERVING."""
+        deadline = time.monotonic() + timeout_s
+        with grpc.insecure_channel(address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while time.monotonic() < deadline:
+                if not self.alive():
+                    raise AssertionError(f"{self.name} exited with {self.proc.returncode}\n{self.log_tail()}")  # type: ignore[union-attr]
+                try:
+                    reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.RpcError:
+                    pass
+                time.sleep(0.2)
+        raise AssertionError(f"{self.name} not healthy on {address} after {timeout_s}s\n{self.log_tail()}")
+
+    def wait_log(self, needle: str, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if needle in self.log_path.read_text(errors="replace"):
+                return
+            if not self.alive():
+                raise AssertionError(f"{self.name} exited with {self.proc.returncode}\n{self.log_tail()}")  # type: ignore[union-attr]
+            time.sleep(0.2)
+        raise AssertionError(f"{self.name}: no {needle!r} in its log after {timeout_s}s\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return "(no log)"
+        return "\n".join(text[-lines:])

@@ -1,0 +1,207 @@
+"""Ingest against the real broker: what it accepts is committed, what it refuses is refused
+precisely, and a kill -9 with retrying clients loses nothing."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+import pytest
+
+from onceflow.client import IngestClient, RetryPolicy
+from onceflow.v1 import admin_pb2, admin_pb2_grpc, ingest_pb2, ingest_pb2_grpc
+from onceflow.v1.ingest_pb2 import IngestRecord
+from tests.conftest import Pipeline, eventually, free_port
+from tests.harness import checker
+from tests.harness.process import ServiceProcess
+from tests.harness.workload import ingest_records, items
+
+pytestmark = [pytest.mark.foundation, pytest.mark.integration]
+
+INGEST = "onceflow_ingest"
+
+
+def _ingest(pipe: Pipeline, **env: str) -> tuple[ServiceProcess, str]:
+    port = free_port()
+    proc = pipe.process(f"ingest-{len(pipe.processes)}", INGEST, ONCEFLOW_INGEST_PORT=str(port),
+                        ONCEFLOW_INGEST_METRICS_PORT="0", **env)
+    address = f"127.0.0.1:{port}"
+    proc.start()
+    proc.wait_healthy(address)
+    return proc, address
+
+
+def _committed(pipe: Pipeline) -> list[checker.TopicRecord]:
+    return checker.read_committed(pipe.common, pipe.topic("ingest.records"))
+
+
+def test_ten_thousand_records_are_all_readable_read_committed(pipeline: Pipeline) -> None:
+    proc, address = _ingest(pipeline)
+    batch = items("ten-k", 10_000)
+    with IngestClient(address) as client:
+        for start in range(0, len(batch), 500):
+            reply = client.ingest(ingest_records(batch[start : start + 500]))
+            assert reply.accepted == 500
+        assert client.retries == 0
+    report = checker.DeliveryReport.of(_committed(pipeline), [i.record_id for i in batch])
+    report.assert_exactly_once()
+    assert checker.hanging_transactions(pipeline.common, [pipeline.topic("ingest.records")]) == {}
+    assert proc.terminate() == 0, proc.log_tail()
+
+
+class RetryingSender(threading.Thread):
+    """A client that keeps sending batches and retries each until ingest confirms it."""
+
+    def __init__(self, address: str, batch: list, size: int) -> None:
+        super().__init__(daemon=True)
+        self.client = IngestClient(address, RetryPolicy(max_attempts=200, backoff_s=0.05, call_timeout_s=20))
+        self.batches = [batch[i : i + size] for i in range(0, len(batch), size)]
+        self.acknowledged: list[str] = []
+        self.retried: set[str] = set()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            for chunk in self.batches:
+                before = self.client.retries
+                self.client.ingest(ingest_records(chunk))
+                ids = [i.record_id for i in chunk]
+                if self.client.retries != before:
+                    self.retried.update(ids)
+                self.acknowledged.extend(ids)
+        except BaseException as exc:  # noqa: BLE001 - surfaced by the test
+            self.error = exc
+
+
+@pytest.mark.fault
+def test_kill9_mid_stream_with_retrying_client_loses_nothing(pipeline: Pipeline) -> None:
+    proc, address = _ingest(pipeline)
+    batch = items("kill9", 6000)
+    sender = RetryingSender(address, batch, size=100)
+    sender.start()
+    eventually(lambda: len(sender.acknowledged) >= 1000, 60, "ingest to accept 1000 records")
+    assert proc.kill9() == -9
+    time.sleep(0.5)
+    proc.start()
+    sender.join(180)
+    assert not sender.is_alive() and sender.error is None, sender.error
+    assert sender.client.retries > 0, "the kill should have forced at least one retry"
+    report = checker.DeliveryReport.of(_committed(pipeline), sender.acknowledged, allowed_duplicates=sender.retried)
+    report.assert_at_least_once()
+    assert len(sender.acknowledged) == len(batch)
+    assert checker.hanging_transactions(pipeline.common, [pipeline.topic("ingest.records")], wait_s=30) == {}
+    assert proc.terminate() == 0, proc.log_tail()
+
+
+def _expect(code: grpc.StatusCode, text: str, call, *args) -> None:
+    with pytest.raises(grpc.RpcError) as info:
+        call(*args, timeout=10)
+    assert info.value.code() == code, info.value.details()
+    assert text in info.value.details(), info.value.details()
+
+
+def test_bad_requests_get_precise_errors_and_lose_nothing_valid(pipeline: Pipeline) -> None:
+    proc, address = _ingest(pipeline, ONCEFLOW_INGEST_MAX_PAYLOAD_BYTES="1000")
+    channel = grpc.insecure_channel(address)
+    stub = ingest_pb2_grpc.IngestStub(channel)
+    ok = IngestRecord(record_id=b"fine", payload=b"p")
+    bad = {
+        "records[1].record_id: required": IngestRecord(payload=b"no id"),
+        "records[1].record_id: 257 bytes, the limit is 256": IngestRecord(record_id=b"x" * 257),
+        "records[1].record_id: not valid UTF-8": IngestRecord(record_id=b"bad\xc3("),
+        "records[1].payload: 1001 bytes, the limit is 1000": IngestRecord(record_id=b"big", payload=b"p" * 1001),
+    }
+    for message, record in bad.items():
+        request = ingest_pb2.IngestRequest(records=[ok, record])
+        _expect(grpc.StatusCode.INVALID_ARGUMENT, message, stub.Ingest, request)
+    _expect(grpc.StatusCode.INVALID_ARGUMENT, "records: empty batch", stub.Ingest, ingest_pb2.IngestRequest())
+    _expect(
+        grpc.StatusCode.UNIMPLEMENTED,
+        "needs the acker",
+        stub.Ingest,
+        ingest_pb2.IngestRequest(records=[ok], wait=ingest_pb2.WAIT_FOR_PROCESSED),
+    )
+    # A unary batch is all or nothing: none of the refused batches' valid "fine" record landed.
+    assert stub.Ingest(ingest_pb2.IngestRequest(records=[IngestRecord(record_id=b"after")]), timeout=10).accepted == 1
+
+    # A stream is record by record: the valid ones commit, the invalid ones are listed.
+    stream = [
+        ingest_pb2.IngestRequest(records=[IngestRecord(record_id=b"s0"), IngestRecord(record_id=b"")]),
+        ingest_pb2.IngestRequest(records=[IngestRecord(record_id=b"\xff"), IngestRecord(record_id=b"s3")]),
+        ingest_pb2.IngestRequest(records=[IngestRecord(record_id=b"s4", payload=b"p" * 5000)]),
+        ingest_pb2.IngestRequest(records=[IngestRecord(record_id=b"s5")]),
+    ]
+    reply = stub.IngestStream(iter(stream), timeout=30)
+    assert reply.accepted == 3
+    assert [(r.index, r.field) for r in reply.rejected] == [
+        (1, "stream[1].record_id"),
+        (2, "stream[2].record_id"),
+        (4, "stream[4].payload"),
+    ]
+    channel.close()
+    ids = sorted(checker.record_id(r) for r in _committed(pipeline))
+    assert ids == ["after", "s0", "s3", "s5"]
+    assert proc.alive()
+    assert proc.terminate() == 0, proc.log_tail()
+
+
+def test_backpressure_answers_resource_exhausted_with_a_retry_hint(pipeline: Pipeline, broker) -> None:
+    proc, address = _ingest(pipeline, ONCEFLOW_INGEST_MAX_PENDING="100")
+    channel = grpc.insecure_channel(address)
+    stub = ingest_pb2_grpc.IngestStub(channel)
+    admin = admin_pb2_grpc.AdminStub(channel)
+    stub.Ingest(ingest_pb2.IngestRequest(records=ingest_records(items("warm", 10))), timeout=30)
+    results: list = []
+    broker_pid = broker.pid()
+    import os
+    import signal
+
+    os.kill(broker_pid, signal.SIGSTOP)  # commits now hang, so records stay pending
+    try:
+        blocked = threading.Thread(
+            target=lambda: results.append(stub.Ingest(ingest_pb2.IngestRequest(records=ingest_records(items("held", 100))), timeout=120)),
+            daemon=True,
+        )
+        blocked.start()
+        eventually(
+            lambda: admin.Status(admin_pb2.StatusRequest(), timeout=5).gauges["pending"] == 100, 30, "100 pending"
+        )
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Ingest(ingest_pb2.IngestRequest(records=ingest_records(items("extra", 1))), timeout=10)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "max_pending is 100" in info.value.details()
+        assert dict(info.value.trailing_metadata())["retry-after-ms"] == "200"
+    finally:
+        os.kill(broker_pid, signal.SIGCONT)
+    blocked.join(120)
+    assert results and results[0].accepted == 100
+    channel.close()
+    assert proc.terminate() == 0, proc.log_tail()
+
+
+def test_admin_status_pause_needs_token_and_sigterm_is_clean(pipeline: Pipeline) -> None:
+    proc, address = _ingest(pipeline)
+    channel = grpc.insecure_channel(address)
+    admin = admin_pb2_grpc.AdminStub(channel)
+    stub = ingest_pb2_grpc.IngestStub(channel)
+    status = admin.Status(admin_pb2.StatusRequest(), timeout=5)
+    assert (status.service, status.state, status.instance) == ("ingest", "RUNNING", "ingest-0")
+
+    with pytest.raises(grpc.RpcError) as info:
+        admin.Pause(admin_pb2.PauseRequest(), timeout=5)
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    with pytest.raises(grpc.RpcError) as info:
+        admin.Pause(admin_pb2.PauseRequest(), timeout=5, metadata=(("authorization", "Bearer wrong"),))
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+    token = (("authorization", "Bearer test-token"),)
+    assert admin.Pause(admin_pb2.PauseRequest(), timeout=5, metadata=token).state == "PAUSED"
+    request = ingest_pb2.IngestRequest(records=[IngestRecord(record_id=b"while-paused")])
+    _expect(grpc.StatusCode.UNAVAILABLE, "paused", stub.Ingest, request)
+    assert admin.Resume(admin_pb2.ResumeRequest(), timeout=5, metadata=token).state == "RUNNING"
+    assert stub.Ingest(request, timeout=10).accepted == 1
+    assert admin.Status(admin_pb2.StatusRequest(), timeout=5).transactions_committed >= 1
+    channel.close()
+    assert proc.terminate() == 0, proc.log_tail()
+    assert "stopped cleanly" in proc.log_tail()

@@ -1,0 +1,135 @@
+"""The shared transactional loop under kill -9, zombies, rebalances and broker restarts.
+
+The stage is tests/harness/workers/keyed_counter.py: per-key counts in the changelog-backed
+store and one output per input. After each scenario the checker demands: every input exactly
+once in the output (read_committed), poison records exactly once in the DLQ, no hanging
+transaction, and the changelog's table equal to the counts computed from the input itself."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+
+import pytest
+
+from tests.conftest import Pipeline, eventually
+from tests.harness import checker
+from tests.harness.process import ServiceProcess
+from tests.harness.workload import Item, items, produce_envelopes
+
+pytestmark = [pytest.mark.foundation, pytest.mark.integration, pytest.mark.fault]
+
+WORKER = "tests.harness.workers.keyed_counter"
+EXIT_FENCED = 3
+POISON = [b"\x00not an envelope", b"\xff\xfe"]
+
+
+def _counter(pipe: Pipeline, instance: str, **env: str) -> ServiceProcess:
+    return pipe.process(f"counter-{instance}-{len(pipe.processes)}", WORKER, COUNTER_INSTANCE=instance, **env)
+
+
+def _outputs(pipe: Pipeline) -> list[checker.TopicRecord]:
+    return checker.read_committed(pipe.common, pipe.topic("dedup.records"))
+
+
+def _wait_processed(pipe: Pipeline, expected: int, timeout_s: float = 120) -> None:
+    eventually(
+        lambda: len({checker.record_id(r) for r in _outputs(pipe)}) >= expected,
+        timeout_s,
+        f"{expected} distinct outputs",
+        interval_s=1.0,
+    )
+
+
+def _check_exactly_once(pipe: Pipeline, inputs: list[Item], poison: int) -> None:
+    topics = [pipe.topic(t) for t in ("dedup.records", "dedup.changelog", "dedup.dlq")]
+    assert checker.hanging_transactions(pipe.common, topics, wait_s=30) == {}
+    report = checker.DeliveryReport.of(_outputs(pipe), [i.record_id for i in inputs])
+    report.assert_exactly_once()
+    assert len(checker.read_committed(pipe.common, pipe.topic("dedup.dlq"))) == poison
+    # The state must equal a crash-free run's: counts per (input partition, key).
+    by_id = {i.record_id: i.key for i in inputs}
+    expected: Counter[tuple[int, bytes]] = Counter()
+    for record in checker.read_committed(pipe.common, pipe.topic("ingest.records")):
+        if record.key != b"poison":
+            expected[(record.partition, by_id[record.key.decode()])] += 1
+    table = checker.latest_by_key(checker.read_committed(pipe.common, pipe.topic("dedup.changelog")))
+    assert {k: int(v) for k, v in table.items()} == dict(expected)
+
+
+@pytest.mark.parametrize("point", ["before_produce", "after_produce", "after_commit"])
+def test_crash_inside_the_transaction_loses_and_duplicates_nothing(pipeline: Pipeline, point: str) -> None:
+    inputs = items(f"crash-{point}", 3000)
+    produce_envelopes(pipeline.common, pipeline.topic("ingest.records"), inputs, POISON)
+    worker = _counter(pipeline, "a", ONCEFLOW_LOOP_MAX_BATCH_RECORDS="200")
+    worker.start({"ONCEFLOW_FAULT": f"{point}@3"})
+    assert worker.wait_exit(90) == -9, worker.log_tail()
+    worker.start()
+    _wait_processed(pipeline, len(inputs))
+    assert worker.terminate() == 0, worker.log_tail()
+    _check_exactly_once(pipeline, inputs, poison=len(POISON))
+
+
+def test_kill9_at_random_moments_while_input_keeps_arriving(pipeline: Pipeline) -> None:
+    rng = random.Random(20261121)
+    inputs = items("random-kill", 4000)
+    chunks = [inputs[i : i + 1000] for i in range(0, len(inputs), 1000)]
+    worker = _counter(pipeline, "a", ONCEFLOW_LOOP_MAX_BATCH_RECORDS="100")
+    produce_envelopes(pipeline.common, pipeline.topic("ingest.records"), chunks[0])
+    worker.start()
+    for chunk in chunks[1:]:
+        time.sleep(rng.uniform(1.0, 3.0))
+        produce_envelopes(pipeline.common, pipeline.topic("ingest.records"), chunk)
+        assert worker.kill9() == -9
+        worker.start()
+    _wait_processed(pipeline, len(inputs))
+    assert worker.terminate() == 0, worker.log_tail()
+    _check_exactly_once(pipeline, inputs, poison=0)
+
+
+def test_zombie_is_fenced_and_its_later_writes_never_appear(pipeline: Pipeline) -> None:
+    first, second = items("zombie-1", 2000), items("zombie-2", 1000)
+    shared = {"COUNTER_TRANSACTIONAL_ID": pipeline.topic("counter-shared"), "ONCEFLOW_LOOP_MAX_BATCH_RECORDS": "50"}
+    produce_envelopes(pipeline.common, pipeline.topic("ingest.records"), first)
+    old = _counter(pipeline, "old", **shared).start()
+    eventually(lambda: len(_outputs(pipeline)) >= 100, 60, "the old instance to commit something")
+    old.sigstop()
+    new = _counter(pipeline, "new", **shared).start()
+    _wait_processed(pipeline, len(first))
+    old_writes = sum(r.header("instance") == b"old" for r in _outputs(pipeline))
+    assert old_writes > 0
+
+    old.sigcont()
+    produce_envelopes(pipeline.common, pipeline.topic("ingest.records"), second)
+    assert old.wait_exit(90) == EXIT_FENCED, old.log_tail()
+    _wait_processed(pipeline, len(first) + len(second))
+    assert new.terminate() == 0, new.log_tail()
+    assert sum(r.header("instance") == b"old" for r in _outputs(pipeline)) == old_writes
+    _check_exactly_once(pipeline, first + second, poison=0)
+
+
+def test_rebalance_moves_partitions_with_their_state(pipeline: Pipeline) -> None:
+    inputs = items("rebalance", 6000)
+    produce_envelopes(pipeline.common, pipeline.topic("ingest.records"), inputs[:3000])
+    a = _counter(pipeline, "a", ONCEFLOW_LOOP_MAX_BATCH_RECORDS="100").start()
+    eventually(lambda: len(_outputs(pipeline)) >= 500, 60, "a to make progress")
+    b = _counter(pipeline, "b", ONCEFLOW_LOOP_MAX_BATCH_RECORDS="100").start()
+    b.wait_log("assigned [", 60)
+    produce_envelopes(pipeline.common, pipeline.topic("ingest.records"), inputs[3000:])
+    assert a.terminate() == 0, a.log_tail()  # graceful leave: b takes a's partitions, restores them
+    _wait_processed(pipeline, len(inputs))
+    assert b.terminate() == 0, b.log_tail()
+    _check_exactly_once(pipeline, inputs, poison=0)
+
+
+def test_broker_restart_mid_stream(pipeline: Pipeline, broker) -> None:
+    inputs = items("broker-restart", 3000)
+    produce_envelopes(pipeline.common, pipeline.topic("ingest.records"), inputs[:2000])
+    worker = _counter(pipeline, "a", ONCEFLOW_LOOP_MAX_BATCH_RECORDS="100").start()
+    eventually(lambda: len(_outputs(pipeline)) >= 300, 60, "progress before the restart")
+    broker.restart()
+    produce_envelopes(pipeline.common, pipeline.topic("ingest.records"), inputs[2000:])
+    _wait_processed(pipeline, len(inputs), timeout_s=180)
+    assert worker.terminate() == 0, worker.log_tail()
+    _check_exactly_once(pipeline, inputs, poison=0)
