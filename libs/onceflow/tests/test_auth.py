@@ -3,6 +3,9 @@
 from types import SimpleNamespace
 
 from onceflow.admin.auth import TokenAuthInterceptor
+import pytest
+
+pytestmark = pytest.mark.foundation
 
 PASSED = object()
 

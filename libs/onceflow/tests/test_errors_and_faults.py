@@ -8,6 +8,8 @@ from onceflow.codec import DecodeError, decode_envelope, encode_envelope, new_id
 from onceflow.txn.errors import TxnErrorClass, classify
 from onceflow.v1.envelope_pb2 import Envelope
 
+pytestmark = pytest.mark.foundation
+
 
 @pytest.mark.parametrize(
     ("error", "expected"),

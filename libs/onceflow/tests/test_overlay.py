@@ -4,6 +4,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from onceflow.state import MemoryStore, StateTransaction
+import pytest
+
+pytestmark = pytest.mark.foundation
 
 keys = st.binary(min_size=1, max_size=3)
 values = st.one_of(st.none(), st.binary(max_size=3))

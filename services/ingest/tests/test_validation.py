@@ -5,7 +5,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from onceflow.v1.ingest_pb2 import IngestRecord
-from onceflow_ingest.validation import Limits, check_record, to_envelope
+from onceflow.codec import decode_envelope
+from onceflow_ingest.validation import Limits, check_record, envelope_bytes
+
+pytestmark = pytest.mark.foundation
 
 LIMITS = Limits(max_payload_bytes=100, max_key_bytes=10)
 
@@ -32,12 +35,19 @@ def test_limits_are_inclusive():
     assert check_record(0, IngestRecord(record_id="é".encode() * 128, payload=b"p" * 100, key=b"k" * 10), LIMITS) is None
 
 
-@given(record_id=st.text(min_size=1).filter(lambda s: len(s.encode()) <= 256), payload=st.binary(max_size=100))
-def test_valid_records_become_first_attempt_envelopes(record_id, payload):
-    record = IngestRecord(record_id=record_id.encode(), payload=payload)
+@given(
+    record_id=st.text(min_size=1).filter(lambda s: len(s.encode()) <= 256),
+    payload=st.binary(max_size=100),
+    key=st.binary(max_size=10),
+    event_time_ms=st.integers(min_value=0, max_value=2**62),
+    headers=st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=3),
+)
+def test_record_bytes_plus_added_fields_parse_as_the_envelope(record_id, payload, key, event_time_ms, headers):
+    record = IngestRecord(record_id=record_id.encode(), payload=payload, key=key, event_time_ms=event_time_ms, headers=headers)
     assert check_record(0, record, LIMITS) is None
-    envelope = to_envelope(record, ingest_time_ms=1234)
-    assert envelope.record_id == record_id
-    assert envelope.attempt == 1
-    assert envelope.event_time_ms == envelope.ingest_time_ms == 1234
+    envelope = decode_envelope(envelope_bytes(record, ingest_time_ms=1234, attempt=2))
+    assert (envelope.record_id, envelope.key, envelope.payload, dict(envelope.headers)) == (record_id, key, payload, headers)
+    assert envelope.attempt == 2
+    assert envelope.ingest_time_ms == 1234
+    assert envelope.event_time_ms == (event_time_ms or 1234)
     assert envelope.root_id and envelope.edge_id

@@ -12,13 +12,14 @@ from dataclasses import dataclass, field
 from confluent_kafka import KafkaException
 
 from onceflow import faults, metrics
-from onceflow.codec import encode_envelope
 from onceflow.config import CommonSettings
 from onceflow.txn.errors import FencedError, IndefiniteOutcome
 from onceflow.txn.producer import TransactionalProducer
-from onceflow.v1.envelope_pb2 import Envelope
 
 log = logging.getLogger(__name__)
+
+# (Kafka key = record_id, value = serialized Envelope)
+KafkaRecord = tuple[bytes, bytes]
 
 _ABORT_RETRIES = 3
 
@@ -38,7 +39,7 @@ class OutcomeUnknown(Exception):
 
 @dataclass(eq=False)
 class Submission:
-    envelopes: list[Envelope]
+    records: list[KafkaRecord]
     done: threading.Event = field(default_factory=threading.Event)
     error: Exception | None = None
     commit_id: int = 0
@@ -89,12 +90,12 @@ class GroupCommitter:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, envelopes: list[Envelope], block_s: float = 0.0) -> Submission:
+    def submit(self, records: list[KafkaRecord], block_s: float = 0.0) -> Submission:
         """Queue records for the next transaction. Raises Overloaded when max_pending would be
         exceeded after waiting up to ``block_s`` for room."""
         if self._closing.is_set() or self.fenced.is_set():
             raise NotCommitted("ingest is shutting down")
-        count = len(envelopes)
+        count = len(records)
         deadline = time.monotonic() + block_s
         with self._space:
             while self._pending + count > self._max_pending and self._pending > 0:
@@ -104,7 +105,7 @@ class GroupCommitter:
                 self._space.wait(remaining)
             self._pending += count
         metrics.PENDING.labels("ingest").set(self._pending)
-        submission = Submission(envelopes)
+        submission = Submission(records)
         self._queue.put(submission)
         return submission
 
@@ -121,14 +122,14 @@ class GroupCommitter:
                 if self._closing.is_set():
                     return
                 continue
-            group, count = [first], len(first.envelopes)
+            group, count = [first], len(first.records)
             while count < self._max_txn:
                 try:
                     nxt = self._queue.get_nowait()
                 except queue.Empty:
                     break
                 group.append(nxt)
-                count += len(nxt.envelopes)
+                count += len(nxt.records)
             self._commit(group, count)
             if self.fenced.is_set():
                 self._fail_queued(NotCommitted("this ingest instance was fenced by a newer one"))
@@ -176,12 +177,12 @@ class GroupCommitter:
         producer.begin()
         faults.point("before_produce")
         for submission in group:
-            for envelope in submission.envelopes:
-                producer.produce(self._topic, encode_envelope(envelope), key=envelope.record_id.encode())
+            for key, value in submission.records:
+                producer.produce(self._topic, value, key=key)
         faults.point("after_produce")
         producer.commit()
         faults.point("after_commit")
-        records = sum(len(s.envelopes) for s in group)
+        records = sum(len(s.records) for s in group)
         self.stats.committed += 1
         self.stats.records += records
         metrics.TRANSACTIONS.labels("ingest", "committed").inc()

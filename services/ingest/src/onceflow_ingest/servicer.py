@@ -14,7 +14,8 @@ from onceflow.v1 import ingest_pb2, ingest_pb2_grpc
 
 from onceflow_ingest.committer import GroupCommitter, NotCommitted, OutcomeUnknown, Overloaded
 from onceflow_ingest.config import IngestSettings
-from onceflow_ingest.validation import Invalid, Limits, check_record, to_envelope
+from onceflow_ingest.committer import KafkaRecord
+from onceflow_ingest.validation import Invalid, Limits, check_record, envelope_bytes
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
             if invalid is not None:
                 self._reject(context, invalid.field.rsplit(".", 1)[-1], str(invalid))
         ingest_time = now_ms()
-        envelopes = [to_envelope(record, ingest_time) for record in records]
+        envelopes = [(record.record_id, envelope_bytes(record, ingest_time)) for record in records]
         commit_id = self._commit(envelopes, context, block_s=0.0)
         return ingest_pb2.IngestReply(accepted=len(envelopes), commit_ids=[commit_id])
 
@@ -60,11 +61,11 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
         for request in request_iterator:
             self._check_wait(request, context)
             ingest_time = now_ms()
-            envelopes = []
+            envelopes: list[KafkaRecord] = []
             for record in request.records:
                 invalid = check_record(index, record, self._limits, field_prefix="stream")
                 if invalid is None:
-                    envelopes.append(to_envelope(record, ingest_time))
+                    envelopes.append((record.record_id, envelope_bytes(record, ingest_time)))
                 else:
                     metrics.REJECTED.labels("ingest", invalid.field.rsplit(".", 1)[-1]).inc()
                     reply.rejected.append(
@@ -78,7 +79,7 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
                 reply.accepted += len(envelopes)
         return reply
 
-    def _commit(self, envelopes: list, context: grpc.ServicerContext, block_s: float, so_far: int = 0) -> int:
+    def _commit(self, envelopes: list[KafkaRecord], context: grpc.ServicerContext, block_s: float, so_far: int = 0) -> int:
         suffix = f" ({so_far} records of this stream were committed before this)" if so_far else ""
         try:
             submission = self._committer.submit(envelopes, block_s=block_s)
