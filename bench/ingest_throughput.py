@@ -121,7 +121,7 @@ def main(
     ingest = ServiceProcess(
         "ingest", "onceflow_ingest",
         {"ONCEFLOW_TOPIC_PREFIX": prefix, "ONCEFLOW_INGEST_PORT": str(port), "ONCEFLOW_INGEST_METRICS_PORT": "0",
-         "ONCEFLOW_INGEST_INSTANCE": "bench", "ONCEFLOW_INGEST_MAX_PAYLOAD_BYTES": str(900 * 1024)},
+         "ONCEFLOW_INGEST_INSTANCE": "bench", "ONCEFLOW_INGEST_ACKING": "false", "ONCEFLOW_INGEST_MAX_PAYLOAD_BYTES": str(900 * 1024)},
         Path(tempfile.mkdtemp(prefix="onceflow-bench-")), cwd=repo_root(),
     ).start()
     rows = []

@@ -57,8 +57,8 @@ class Pipeline:
     def topic(self, name: str) -> str:
         return self.common.topic(name)
 
-    def process(self, name: str, module: str, **env: str) -> ServiceProcess:
-        proc = ServiceProcess(name, module, {**self.env, **env}, self.log_dir, cwd=repo_root())
+    def process(self, name: str, module: str, *args: str, **env: str) -> ServiceProcess:
+        proc = ServiceProcess(name, module, {**self.env, **env}, self.log_dir, cwd=repo_root(), args=args)
         self.processes.append(proc)
         return proc
 

@@ -24,6 +24,8 @@ INGEST = "onceflow_ingest"
 
 def _ingest(pipe: Pipeline, **env: str) -> tuple[ServiceProcess, str]:
     port = free_port()
+    # No acker in these tests: acking off, so max_pending counts uncommitted records only.
+    env = {"ONCEFLOW_INGEST_ACKING": "false", **env}
     proc = pipe.process(f"ingest-{len(pipe.processes)}", INGEST, ONCEFLOW_INGEST_PORT=str(port),
                         ONCEFLOW_INGEST_METRICS_PORT="0", **env)
     address = f"127.0.0.1:{port}"
@@ -117,8 +119,8 @@ def test_bad_requests_get_precise_errors_and_lose_nothing_valid(pipeline: Pipeli
         _expect(grpc.StatusCode.INVALID_ARGUMENT, message, stub.Ingest, request)
     _expect(grpc.StatusCode.INVALID_ARGUMENT, "records: empty batch", stub.Ingest, ingest_pb2.IngestRequest())
     _expect(
-        grpc.StatusCode.UNIMPLEMENTED,
-        "needs the acker",
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "needs acking",
         stub.Ingest,
         ingest_pb2.IngestRequest(records=[ok], wait=ingest_pb2.WAIT_FOR_PROCESSED),
     )

@@ -12,12 +12,16 @@ from onceflow.kafka.inspect import TopicRecord, end_offsets, hanging_transaction
 
 __all__ = [
     "DeliveryReport", "TopicRecord", "end_offsets", "hanging_transactions", "latest_by_key", "read_committed",
-    "record_id",
+    "record_id", "record_id_of_bytes",
 ]
 
 
 def record_id(record: TopicRecord) -> str:
     return decode_envelope(record.value).record_id
+
+
+def record_id_of_bytes(value: bytes) -> str:
+    return decode_envelope(value).record_id
 
 
 def latest_by_key(records: Iterable[TopicRecord]) -> dict[tuple[int, bytes], bytes]:

@@ -45,9 +45,9 @@ def test_limits_are_inclusive():
 def test_record_bytes_plus_added_fields_parse_as_the_envelope(record_id, payload, key, event_time_ms, headers):
     record = IngestRecord(record_id=record_id.encode(), payload=payload, key=key, event_time_ms=event_time_ms, headers=headers)
     assert check_record(0, record, LIMITS) is None
-    envelope = decode_envelope(envelope_bytes(record, ingest_time_ms=1234, attempt=2))
+    envelope = decode_envelope(envelope_bytes(record, ingest_time_ms=1234, root_id=5, edge_id=6, attempt=2))
     assert (envelope.record_id, envelope.key, envelope.payload, dict(envelope.headers)) == (record_id, key, payload, headers)
     assert envelope.attempt == 2
     assert envelope.ingest_time_ms == 1234
     assert envelope.event_time_ms == (event_time_ms or 1234)
-    assert envelope.root_id and envelope.edge_id
+    assert (envelope.root_id, envelope.edge_id) == (5, 6)

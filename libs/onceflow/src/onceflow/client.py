@@ -20,7 +20,6 @@ RETRIABLE = frozenset(
         grpc.StatusCode.UNAVAILABLE,
         grpc.StatusCode.RESOURCE_EXHAUSTED,
         grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.ABORTED,
     }
 )
 

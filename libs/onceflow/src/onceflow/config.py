@@ -48,6 +48,8 @@ class LoopSettings(BaseSettings):
     max_batch_records: int = Field(default=1000, ge=1)
     max_batch_ms: int = Field(default=100, ge=1)
     session_timeout_ms: int = Field(default=10_000, ge=1000)
+    # How often a stage's punctuate() runs (timeouts, sweeps), in processing time.
+    punctuate_ms: int = Field(default=1000, ge=10)
     # Bound on one commit/abort call; past it the outcome is indefinite and the producer is
     # recreated.
     commit_timeout_s: float = Field(default=30.0, gt=0)

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import grpc
@@ -16,9 +16,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 
 class ServiceProcess:
-    def __init__(self, name: str, module: str, env: Mapping[str, str], log_dir: Path, cwd: Path | None = None) -> None:
+    def __init__(
+        self, name: str, module: str, env: Mapping[str, str], log_dir: Path, cwd: Path | None = None,
+        args: Sequence[str] = (),
+    ) -> None:
         self.name = name
         self.module = module
+        self.args = list(args)
         self.env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
         self.log_path = log_dir / f"{name}.log"
         self.cwd = cwd
@@ -32,7 +36,7 @@ class ServiceProcess:
         log.write(f"\n===== start #{self.starts} =====\n".encode())
         log.flush()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", self.module], env=env, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT,
+            [sys.executable, "-m", self.module, *self.args], env=env, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         log.close()

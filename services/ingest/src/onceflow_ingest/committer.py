@@ -11,15 +11,27 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaException
 
-from onceflow import faults, metrics
+from onceflow import acks, faults, metrics
 from onceflow.config import CommonSettings
 from onceflow.txn.errors import FencedError, IndefiniteOutcome
 from onceflow.txn.producer import TransactionalProducer
+from onceflow.v1.acker_pb2 import RecordRef
+
+from onceflow_ingest.trees import InFlightTrees, Waiter
 
 log = logging.getLogger(__name__)
 
-# (Kafka key = record_id, value = serialized Envelope)
-KafkaRecord = tuple[bytes, bytes]
+# (record_id = Kafka key, serialized Envelope, root_id, edge_id)
+KafkaRecord = tuple[bytes, bytes, int, int]
+
+
+@dataclass(frozen=True)
+class Acking:
+    """What the committer needs to start tuple trees: INITs go with the records."""
+
+    trees: InFlightTrees
+    acks_topic: str
+    timeout_ms: int
 
 _ABORT_RETRIES = 3
 
@@ -69,8 +81,10 @@ class GroupCommitter:
         max_pending: int,
         max_transaction_records: int,
         call_timeout_s: float = 30.0,
+        acking: Acking | None = None,
     ) -> None:
         self._topic = topic
+        self._acking = acking
         self._max_pending = max_pending
         self._max_txn = max_transaction_records
         self._queue: queue.Queue[Submission] = queue.Queue()
@@ -85,12 +99,13 @@ class GroupCommitter:
 
     @property
     def pending(self) -> int:
-        return self._pending
+        """Records not yet committed, or (with acking) trees not yet decided."""
+        return len(self._acking.trees) if self._acking else self._pending
 
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, records: list[KafkaRecord], block_s: float = 0.0) -> Submission:
+    def submit(self, records: list[KafkaRecord], block_s: float = 0.0, waiter: Waiter | None = None) -> Submission:
         """Queue records for the next transaction. Raises Overloaded when max_pending would be
         exceeded after waiting up to ``block_s`` for room."""
         if self._closing.is_set() or self.fenced.is_set():
@@ -98,13 +113,17 @@ class GroupCommitter:
         count = len(records)
         deadline = time.monotonic() + block_s
         with self._space:
-            while self._pending + count > self._max_pending and self._pending > 0:
+            # An oversized call into an idle ingest goes through rather than never fitting.
+            while self.pending + count > self._max_pending and self.pending > 0:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise Overloaded(f"{self._pending} records pending, max_pending is {self._max_pending}")
-                self._space.wait(remaining)
+                    raise Overloaded(f"{self.pending} records pending, max_pending is {self._max_pending}")
+                # Trees complete without notifying: poll as well as wait.
+                self._space.wait(min(remaining, 0.05))
             self._pending += count
-        metrics.PENDING.labels("ingest").set(self._pending)
+            if self._acking is not None:
+                self._acking.trees.add([(r[2], r[0].decode()) for r in records], waiter)
+        metrics.PENDING.labels("ingest").set(self.pending)
         submission = Submission(records)
         self._queue.put(submission)
         return submission
@@ -160,6 +179,9 @@ class GroupCommitter:
                 self._producer.abort()
                 error = NotCommitted(f"transaction aborted: {exc}")
         commit_id = self.stats.committed
+        if error is not None and self._acking is not None:
+            # Not committed, or unknown: either way no event is to be expected for certain.
+            self._acking.trees.forget([r[2] for s in group for r in s.records])
         for submission in group:
             submission.error = error
             submission.commit_id = commit_id
@@ -176,17 +198,43 @@ class GroupCommitter:
         producer = self._producer
         producer.begin()
         faults.point("before_produce")
-        for submission in group:
-            for key, value in submission.records:
+        records = [record for submission in group for record in submission.records]
+        if self._acking is None:
+            for key, value, _root_id, _edge_id in records:
                 producer.produce(self._topic, value, key=key)
+        else:
+            self._produce_with_inits(producer, records, self._acking)
         faults.point("after_produce")
         producer.commit()
         faults.point("after_commit")
-        records = sum(len(s.records) for s in group)
         self.stats.committed += 1
-        self.stats.records += records
+        self.stats.records += len(records)
         metrics.TRANSACTIONS.labels("ingest", "committed").inc()
-        metrics.RECORDS_OUT.labels("ingest").inc(records)
+        metrics.RECORDS_OUT.labels("ingest").inc(len(records))
+
+    def _produce_with_inits(self, producer: TransactionalProducer, records: list[KafkaRecord], acking: Acking) -> None:
+        """INIT names where its record lives (for replays), so the records are delivered first
+        (flush, still inside the transaction) and their offsets go into the INITs."""
+        origins: list[tuple[int, int] | None] = [None] * len(records)
+
+        def delivered(index: int):  # type: ignore[no-untyped-def]
+            def callback(err, msg) -> None:  # type: ignore[no-untyped-def]
+                if err is None:
+                    origins[index] = (msg.partition(), msg.offset())
+
+            return callback
+
+        for index, (key, value, _root_id, _edge_id) in enumerate(records):
+            producer.produce(self._topic, value, key=key, on_delivery=delivered(index))
+        producer.flush()
+        for (key, _value, root_id, edge_id), origin in zip(records, origins, strict=True):
+            if origin is None:
+                raise producer.abortable("a record was not delivered inside the transaction")
+            init_key, init_value = acks.init(
+                root_id, [edge_id], RecordRef(record_id=key.decode(), topic=self._topic, partition=origin[0], offset=origin[1]),
+                attempt=1, timeout_ms=acking.timeout_ms,
+            )
+            producer.produce(acking.acks_topic, init_value, key=init_key)
 
     def _note_abort(self, message: str) -> None:
         self.stats.aborted += 1

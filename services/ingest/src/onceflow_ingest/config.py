@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from onceflow.config import CommonSettings
+from onceflow.config import CommonSettings, LoopSettings
 
 RECORD_ID_MAX_BYTES = 256  # part of the contract (DESIGN.md section 3), not a tunable
 
@@ -30,8 +30,27 @@ class IngestSettings(BaseSettings):
     # Group commit: one transaction carries what concurrent callers sent, up to this many.
     max_transaction_records: int = Field(default=5_000, ge=1)
     retry_after_ms: int = Field(default=200, ge=1)
+    # Storm-style acking: each record's INIT goes to the acker with the record, in-flight trees
+    # count against max_pending, TIMED_OUT/FAILED trees are replayed. Needs an acker running.
+    acking: bool = True
+    # A tree not fully acked within this is TIMED_OUT and replayed.
+    tree_timeout_ms: int = Field(default=30_000, ge=100)
+    # Attempts per record (1 = never replay); then the record goes to ingest.dlq.
+    max_attempts: int = Field(default=3, ge=1)
+    # How long a wait=PROCESSED call may wait for its trees when the client sets no deadline.
+    processed_wait_s: float = Field(default=120.0, gt=0)
     shutdown_grace_s: float = Field(default=10.0, ge=0)
+
+    loop: LoopSettings = Field(default_factory=LoopSettings)
 
     @property
     def transactional_id(self) -> str:
         return f"{self.common.topic_prefix}onceflow-ingest-{self.instance}"
+
+    @property
+    def replayer_transactional_id(self) -> str:
+        return f"{self.common.topic_prefix}onceflow-ingest-replayer-{self.instance}"
+
+    @property
+    def replayer_group_id(self) -> str:
+        return f"{self.common.topic_prefix}onceflow-ingest-replayer"

@@ -6,11 +6,16 @@ import logging
 import signal
 import threading
 
-from onceflow import metrics
+from onceflow import acks, metrics
 from onceflow.admin import ServiceServer, StatusSnapshot
+from onceflow.txn import EXIT_FENCED as LOOP_FENCED
+from onceflow.txn import TransactionalLoop
 from onceflow.v1 import ingest_pb2, ingest_pb2_grpc
 
-from onceflow_ingest.committer import GroupCommitter
+from onceflow_ingest.committer import Acking, GroupCommitter
+from onceflow_ingest.replay import OriginalFetcher, ReplayStage
+from onceflow_ingest.trees import InFlightTrees
+from onceflow_ingest.watcher import EventWatcher
 from onceflow_ingest.config import IngestSettings
 from onceflow_ingest.servicer import IngestServicer
 
@@ -25,12 +30,37 @@ class IngestService:
         self.settings = settings
         self._stop = threading.Event()
         self._state = "RUNNING"
+        common = settings.common
+        ingest_topic = common.topic("ingest.records")
+        self.trees: InFlightTrees | None = None
+        self.watcher: EventWatcher | None = None
+        self.replayer: TransactionalLoop | None = None
+        self.replay_stage: ReplayStage | None = None
+        acking = None
+        if settings.acking:
+            self.trees = InFlightTrees(settings.max_attempts)
+            acking = Acking(self.trees, common.topic(acks.ACKS_TOPIC), settings.tree_timeout_ms)
+            self.watcher = EventWatcher(common, common.topic(acks.EVENTS_TOPIC), self.trees)
+            self.replay_stage = ReplayStage(
+                OriginalFetcher(common, ingest_topic), ingest_topic, common.topic("ingest.dlq"),
+                common.topic(acks.ACKS_TOPIC), settings.max_attempts, settings.tree_timeout_ms,
+            )
+            self.replayer = TransactionalLoop(
+                stage=self.replay_stage,
+                common=common,
+                settings=settings.loop,
+                input_topic=common.topic(acks.EVENTS_TOPIC),
+                group_id=settings.replayer_group_id,
+                transactional_id=settings.replayer_transactional_id,
+                dlq_topic=common.topic("ingest.dlq"),
+            )
         self.committer = GroupCommitter(
-            settings.common,
-            topic=settings.common.topic("ingest.records"),
+            common,
+            topic=ingest_topic,
             transactional_id=settings.transactional_id,
             max_pending=settings.max_pending,
             max_transaction_records=settings.max_transaction_records,
+            acking=acking,
         )
         self.servicer = IngestServicer(settings, self.committer)
         self.server = ServiceServer(
@@ -55,8 +85,20 @@ class IngestService:
             records_in=self.servicer.accepted,
             records_out=stats.records,
             last_error=stats.last_error,
-            gauges={"pending": float(self.committer.pending), "max_pending": float(self.settings.max_pending)},
+            gauges=self._gauges(),
         )
+
+    def _gauges(self) -> dict[str, float]:
+        gauges = {"pending": float(self.committer.pending), "max_pending": float(self.settings.max_pending)}
+        if self.trees is not None and self.replay_stage is not None:
+            gauges |= {
+                "trees_in_flight": float(len(self.trees)),
+                "trees_completed": float(self.trees.completed),
+                "trees_failed": float(self.trees.failed),
+                "replayed": float(self.replay_stage.replayed),
+                "dead_lettered": float(self.replay_stage.dead_lettered),
+            }
+        return gauges
 
     def pause(self) -> str:
         self._state = "PAUSED"
@@ -84,16 +126,33 @@ class IngestService:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self._stop.set())
         metrics.serve(self.settings.metrics_port, self.settings.host)
+        replay_exit: list[int] = []
+        replay_thread = None
+        if self.watcher is not None and self.replayer is not None:
+            self.watcher.start()
+            replayer = self.replayer
+            replay_thread = threading.Thread(target=lambda: replay_exit.append(replayer.run()), name="ingest-replayer")
+            replay_thread.start()
         self.committer.start()
         self.server.start()
-        log.info("ingest ready: writing %s as %s", self.settings.common.topic("ingest.records"), self.settings.transactional_id)
+        log.info(
+            "ingest ready: writing %s as %s (acking %s)",
+            self.settings.common.topic("ingest.records"), self.settings.transactional_id,
+            "on" if self.settings.acking else "off",
+        )
+        code = EXIT_OK
         while not self._stop.wait(0.2):
-            if self.committer.fenced.is_set():
+            if self.committer.fenced.is_set() or LOOP_FENCED in replay_exit:
                 log.error("fenced by a newer instance; exiting")
-                self.server.stop(0)
-                return EXIT_FENCED
+                code = EXIT_FENCED
+                break
         log.info("shutting down: refusing new calls, committing what is in flight")
-        self.server.stop(self.settings.shutdown_grace_s)
+        self.server.stop(0 if code else self.settings.shutdown_grace_s)
         self.committer.close(self.settings.shutdown_grace_s)
-        log.info("stopped cleanly")
-        return EXIT_OK
+        if self.replayer is not None and replay_thread is not None:
+            self.replayer.stop()
+            replay_thread.join(30)
+        if self.watcher is not None:
+            self.watcher.stop()
+        log.info("stopped cleanly" if code == EXIT_OK else "stopped after being fenced")
+        return code

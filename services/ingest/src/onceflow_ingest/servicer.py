@@ -9,12 +9,13 @@ from collections.abc import Iterator
 import grpc
 
 from onceflow import metrics
-from onceflow.codec import now_ms
+from onceflow.codec import new_id, now_ms
 from onceflow.v1 import ingest_pb2, ingest_pb2_grpc
 
 from onceflow_ingest.committer import GroupCommitter, NotCommitted, OutcomeUnknown, Overloaded
 from onceflow_ingest.config import IngestSettings
 from onceflow_ingest.committer import KafkaRecord
+from onceflow_ingest.trees import Waiter
 from onceflow_ingest.validation import Invalid, Limits, check_record, envelope_bytes
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,15 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
         self.accepting.set()
 
     def Ingest(self, request: ingest_pb2.IngestRequest, context: grpc.ServicerContext) -> ingest_pb2.IngestReply:
-        self._check_wait(request, context)
+        self._check_accepting(context)
+        waiter = None
+        if request.wait == ingest_pb2.WAIT_FOR_PROCESSED:
+            if not self._settings.acking:
+                context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    "wait=WAIT_FOR_PROCESSED needs acking (ONCEFLOW_INGEST_ACKING=true) and a running acker",
+                )
+            waiter = Waiter(remaining=len(request.records))
         records = request.records
         if not records:
             self._reject(context, "empty", "records: empty batch, send at least one record")
@@ -48,10 +57,23 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
             invalid = check_record(index, record, self._limits)
             if invalid is not None:
                 self._reject(context, invalid.field.rsplit(".", 1)[-1], str(invalid))
-        ingest_time = now_ms()
-        envelopes = [(record.record_id, envelope_bytes(record, ingest_time)) for record in records]
-        commit_id = self._commit(envelopes, context, block_s=0.0)
+        envelopes = _envelopes(records, now_ms())
+        commit_id = self._commit(envelopes, context, block_s=0.0, waiter=waiter)
+        if waiter is not None:
+            self._wait_processed(waiter, commit_id, context)
         return ingest_pb2.IngestReply(accepted=len(envelopes), commit_ids=[commit_id])
+
+    def _wait_processed(self, waiter: Waiter, commit_id: int, context: grpc.ServicerContext) -> None:
+        timeout = context.time_remaining() or self._settings.processed_wait_s
+        if not waiter.done.wait(max(0.0, min(timeout, self._settings.processed_wait_s))):
+            context.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"committed (commit {commit_id}) but {waiter.remaining} record(s) not yet fully processed; "
+                "they are still in flight and will be replayed if they time out",
+            )
+        if waiter.failures:
+            more = f" (and {len(waiter.failures) - 3} more)" if len(waiter.failures) > 3 else ""
+            context.abort(grpc.StatusCode.ABORTED, "processing failed: " + "; ".join(waiter.failures[:3]) + more)
 
     def IngestStream(
         self, request_iterator: Iterator[ingest_pb2.IngestRequest], context: grpc.ServicerContext
@@ -59,13 +81,16 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
         reply = ingest_pb2.IngestReply()
         index = 0
         for request in request_iterator:
-            self._check_wait(request, context)
+            self._check_accepting(context)
+            if request.wait == ingest_pb2.WAIT_FOR_PROCESSED:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "wait: WAIT_FOR_PROCESSED is only for unary Ingest")
             ingest_time = now_ms()
             envelopes: list[KafkaRecord] = []
             for record in request.records:
                 invalid = check_record(index, record, self._limits, field_prefix="stream")
                 if invalid is None:
-                    envelopes.append((record.record_id, envelope_bytes(record, ingest_time)))
+                    root_id, edge_id = new_id(), new_id()
+                    envelopes.append((record.record_id, envelope_bytes(record, ingest_time, root_id, edge_id), root_id, edge_id))
                 else:
                     metrics.REJECTED.labels("ingest", invalid.field.rsplit(".", 1)[-1]).inc()
                     reply.rejected.append(
@@ -79,10 +104,13 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
                 reply.accepted += len(envelopes)
         return reply
 
-    def _commit(self, envelopes: list[KafkaRecord], context: grpc.ServicerContext, block_s: float, so_far: int = 0) -> int:
+    def _commit(
+        self, envelopes: list[KafkaRecord], context: grpc.ServicerContext, block_s: float, so_far: int = 0,
+        waiter: Waiter | None = None,
+    ) -> int:
         suffix = f" ({so_far} records of this stream were committed before this)" if so_far else ""
         try:
-            submission = self._committer.submit(envelopes, block_s=block_s)
+            submission = self._committer.submit(envelopes, block_s=block_s, waiter=waiter)
         except Overloaded as exc:
             context.set_trailing_metadata((("retry-after-ms", str(self._settings.retry_after_ms)),))
             metrics.REJECTED.labels("ingest", "overloaded").inc(len(envelopes))
@@ -105,18 +133,21 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
         metrics.RECORDS_IN.labels("ingest").inc(len(envelopes))
         return commit_id
 
-    def _check_wait(self, request: ingest_pb2.IngestRequest, context: grpc.ServicerContext) -> None:
+    def _check_accepting(self, context: grpc.ServicerContext) -> None:
         if not self.accepting.is_set():
             context.abort(grpc.StatusCode.UNAVAILABLE, "ingest is paused or drained by an operator; retry later")
-        if request.wait == ingest_pb2.WAIT_FOR_PROCESSED:
-            context.abort(
-                grpc.StatusCode.UNIMPLEMENTED,
-                "wait=WAIT_FOR_PROCESSED needs the acker, which this deployment does not run yet",
-            )
 
     def _reject(self, context: grpc.ServicerContext, reason: str, message: str) -> None:
         metrics.REJECTED.labels("ingest", reason).inc()
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+def _envelopes(records, ingest_time_ms: int) -> list[KafkaRecord]:  # type: ignore[no-untyped-def]
+    out = []
+    for record in records:
+        root_id, edge_id = new_id(), new_id()
+        out.append((record.record_id, envelope_bytes(record, ingest_time_ms, root_id, edge_id), root_id, edge_id))
+    return out
 
 
 __all__ = ["IngestServicer", "Invalid"]

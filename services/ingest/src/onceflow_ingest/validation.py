@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from onceflow.codec import new_id
 from onceflow.v1.envelope_pb2 import Envelope
 from onceflow.v1.ingest_pb2 import IngestRecord
 
@@ -49,14 +48,14 @@ def check_record(index: int, record: IngestRecord, limits: Limits, field_prefix:
     return None
 
 
-def envelope_bytes(record: IngestRecord, ingest_time_ms: int, attempt: int = 1) -> bytes:
+def envelope_bytes(record: IngestRecord, ingest_time_ms: int, root_id: int, edge_id: int, attempt: int = 1) -> bytes:
     """A checked record as the serialized first envelope of a new tuple tree.
 
     IngestRecord shares Envelope's field numbers (see ingest.proto), so the record's own bytes
     followed by the fields ingest adds parse as one Envelope: protobuf merges concatenated
     messages. Much cheaper than building and encoding an Envelope per record.
     """
-    added = Envelope(root_id=new_id(), edge_id=new_id(), attempt=attempt, ingest_time_ms=ingest_time_ms)
+    added = Envelope(root_id=root_id, edge_id=edge_id, attempt=attempt, ingest_time_ms=ingest_time_ms)
     if not record.event_time_ms:
         added.event_time_ms = ingest_time_ms
     return record.SerializeToString() + added.SerializeToString()

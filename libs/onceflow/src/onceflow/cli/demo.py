@@ -86,7 +86,9 @@ def demo(
     log_dir = Path(tempfile.mkdtemp(prefix="onceflow-demo-"))
     ingest = ServiceProcess(
         "ingest", "onceflow_ingest",
-        {"ONCEFLOW_INGEST_PORT": str(port), "ONCEFLOW_INGEST_METRICS_PORT": "0", "ONCEFLOW_INGEST_INSTANCE": "demo"},
+        {"ONCEFLOW_INGEST_PORT": str(port), "ONCEFLOW_INGEST_METRICS_PORT": "0", "ONCEFLOW_INGEST_INSTANCE": "demo",
+         # No stage acks the records yet (the dedup gate will): without acking, nothing times out.
+         "ONCEFLOW_INGEST_ACKING": "false"},
         log_dir, cwd=repo_root(),
     )
     address = f"127.0.0.1:{port}"

@@ -7,6 +7,8 @@ changelog does not.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from onceflow.state.store import KeyValueStore
 
 _ABSENT = object()
@@ -29,7 +31,22 @@ class StateTransaction:
         self._write(key, value)
 
     def delete(self, key: bytes) -> None:
+        if self._store.get(key) is None:
+            # Never committed (e.g. created and removed within this batch): drop it from the
+            # overlay instead of writing a tombstone for a key the changelog never had.
+            if key in self.changes:
+                self._undo.append((key, self.changes.pop(key)))
+            return
         self._write(key, None)
+
+    def items(self) -> Iterator[tuple[bytes, bytes]]:
+        """Every live key as this transaction sees it."""
+        for key, value in self._store.items():
+            if key not in self.changes:
+                yield key, value
+        for key, value in self.changes.items():
+            if value is not None:
+                yield key, value
 
     def _write(self, key: bytes, value: bytes | None) -> None:
         self._undo.append((key, self.changes.get(key, _ABSENT)))
@@ -42,6 +59,6 @@ class StateTransaction:
         while len(self._undo) > savepoint:
             key, previous = self._undo.pop()
             if previous is _ABSENT:
-                del self.changes[key]
+                self.changes.pop(key, None)
             else:
                 self.changes[key] = previous  # type: ignore[assignment]

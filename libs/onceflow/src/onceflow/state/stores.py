@@ -42,6 +42,10 @@ class PartitionStores:
     def partitions(self) -> list[int]:
         return sorted(self._stores)
 
+    def items(self) -> list[tuple[int, KeyValueStore]]:
+        """A snapshot of (partition, store) pairs: safe to call from another thread (admin)."""
+        return list(self._stores.items())
+
     def assign(self, partitions: Iterable[int]) -> None:
         new = [p for p in partitions if p not in self._stores]
         for partition in new:

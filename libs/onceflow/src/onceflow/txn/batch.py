@@ -4,15 +4,17 @@ it writes. A stage never talks to Kafka; the loop turns all of this into one tra
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from confluent_kafka import Message
 
+from onceflow import acks
 from onceflow.codec import now_ms
 from onceflow.state.overlay import StateTransaction
 from onceflow.state.stores import PartitionStores
-from onceflow.v1.envelope_pb2 import DeadLetter
+from onceflow.v1.envelope_pb2 import DeadLetter, Envelope
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +35,21 @@ class Savepoint:
 
 
 class Batch:
-    def __init__(self, records: list[Message], stores: PartitionStores | None, dlq_topic: str, stage: str) -> None:
+    def __init__(
+        self,
+        records: list[Message],
+        stores: PartitionStores | None,
+        dlq_topic: str,
+        stage: str,
+        acks_topic: str = "",
+    ) -> None:
         self.records = records
+        self.now_ms = now_ms()
+        self._acks_topic = acks_topic
         self.outputs: list[Output] = []
         self.dead_letters = 0
+        # Run by the loop once this batch's transaction has committed (and never otherwise).
+        self.after_commit: list[Callable[[], None]] = []
         self._stores = stores
         self._overlays: dict[int, StateTransaction] = {}
         self._dlq_topic = dlq_topic
@@ -64,6 +77,23 @@ class Batch:
     @property
     def overlays(self) -> dict[int, StateTransaction]:
         return self._overlays
+
+    @property
+    def owned_partitions(self) -> list[int]:
+        return [] if self._stores is None else self._stores.partitions
+
+    @property
+    def has_writes(self) -> bool:
+        return bool(self.outputs) or any(o.changes for o in self._overlays.values())
+
+    def ack(self, envelope: Envelope, children: Iterable[int] = ()) -> None:
+        """Tell the acker this stage processed ``envelope`` and emitted ``children`` (edge ids)."""
+        key, value = acks.ack(envelope.root_id, envelope.edge_id, children, self._stage)
+        self.emit(self._acks_topic, value, key=key)
+
+    def fail(self, envelope: Envelope, reason: str) -> None:
+        key, value = acks.fail(envelope.root_id, self._stage, reason)
+        self.emit(self._acks_topic, value, key=key)
 
     def savepoint(self) -> Savepoint:
         return Savepoint(len(self.outputs), {p: o.savepoint() for p, o in self._overlays.items()})
@@ -99,7 +129,11 @@ class Batch:
 
 
 class Stage(Protocol):
-    """The pure part of a service: turns a batch of input records into outputs and state."""
+    """The pure part of a service: turns a batch of input records into outputs and state.
+
+    A stage may also define ``punctuate(batch)``: called every
+    ``ONCEFLOW_LOOP_PUNCTUATE_MS`` of processing time, inside a transaction, even when no
+    records arrived (timeouts, sweeps)."""
 
     name: str
 

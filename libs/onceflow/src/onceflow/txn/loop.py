@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from onceflow import faults, metrics
+from onceflow import acks, faults, metrics
 from onceflow.config import CommonSettings, LoopSettings
 from onceflow.kafka import clients
 from onceflow.state.store import KeyValueStore, MemoryStore
@@ -96,6 +96,9 @@ class TransactionalLoop:
         self._consumer: Consumer | None = None
         self._paused_now = False
         self._last_progress = 0.0
+        self._acks_topic = common.topic(acks.ACKS_TOPIC)
+        self._punctuate: Callable[[Batch], None] | None = getattr(stage, "punctuate", None)
+        self._next_punctuation = 0.0
 
     # -- control (any thread) --------------------------------------------------------------
 
@@ -140,9 +143,10 @@ class TransactionalLoop:
             while not self._stop.is_set():
                 self._apply_pause()
                 records = self._poll()
-                if records:
-                    self._transact(records)
-                elif self._drain_requested:
+                punctuate = self._punctuation_due()
+                if records or punctuate:
+                    self._transact(records, punctuate)
+                if not records and self._drain_requested:
                     self._drained.set()
                 self._sample_progress()
             self.state = LoopState.STOPPED
@@ -169,11 +173,23 @@ class TransactionalLoop:
                 log.warning("consume: %s", error)
         return records
 
-    def _transact(self, records: list[Message]) -> None:
+    def _punctuation_due(self) -> bool:
+        if self._punctuate is None or self._paused_now:
+            return False
+        now = time.monotonic()
+        if now < self._next_punctuation:
+            return False
+        self._next_punctuation = now + self._settings.punctuate_ms / 1000
+        return True
+
+    def _transact(self, records: list[Message], punctuate: bool = False) -> None:
         started = time.monotonic()
-        batch = Batch(records, self.stores, self._dlq_topic, self.stage.name)
+        batch = Batch(records, self.stores, self._dlq_topic, self.stage.name, self._acks_topic)
         try:
-            self.stage.process(batch)
+            if records:
+                self.stage.process(batch)
+            if punctuate and self._punctuate is not None:
+                self._punctuate(batch)
         except Exception as exc:  # a bug in the stage itself: nothing was produced yet
             log.exception("%s: stage failed on a batch of %d; retrying from committed offsets", self.stage.name, len(records))
             self.stats.last_error = f"stage: {exc}"
@@ -181,6 +197,8 @@ class TransactionalLoop:
             self._resync()
             return
         assert self._producer is not None
+        if not records and not batch.has_writes:
+            return
         try:
             changelog_offsets = self._commit_batch(batch, records)
         except IndefiniteOutcome as exc:
@@ -198,6 +216,8 @@ class TransactionalLoop:
             for partition, overlay in batch.overlays.items():
                 offset = changelog_offsets.get(partition)
                 self.stores[partition].apply(overlay.changes, None if offset is None else offset + 1)
+        for callback in batch.after_commit:
+            callback()
         self._count_commit(batch, len(records), started)
 
     def _commit_batch(self, batch: Batch, records: list[Message]) -> dict[int, int]:
@@ -219,7 +239,8 @@ class TransactionalLoop:
                 for key, value in overlay.changes.items():
                     producer.produce(self.stores.changelog_topic, value, key, partition, on_delivery=track_changelog)
         faults.point("after_produce")
-        producer.send_offsets(self._next_offsets(records), consumer.consumer_group_metadata())
+        if records:
+            producer.send_offsets(self._next_offsets(records), consumer.consumer_group_metadata())
         producer.commit()
         return changelog_offsets
 
@@ -309,12 +330,12 @@ class TransactionalLoop:
         self._last_progress = now
         progress = []
         for tp in self._consumer.position(self._consumer.assignment()):
-            try:
-                _low, high = self._consumer.get_watermark_offsets(tp, timeout=0.5)
-            except KafkaException:
-                continue
-            position = tp.offset if tp.offset >= 0 else 0
-            progress.append(PartitionProgress(tp.topic, tp.partition, position, max(0, high - position)))
+            # Cached: the high watermark of the last fetch. A ListOffsets request here would
+            # queue behind the consumer's long-poll fetch on the same connection.
+            _low, high = self._consumer.get_watermark_offsets(tp, cached=True)
+            position = max(tp.offset, 0)
+            lag = max(0, high - position) if high >= 0 else 0
+            progress.append(PartitionProgress(tp.topic, tp.partition, position, lag))
         self.stats.partitions = progress
 
     def _close(self) -> None:

@@ -89,6 +89,16 @@ class TransactionalProducer:
             except BufferError:  # local queue full: let deliveries drain, then go on
                 self._producer.poll(0.1)
 
+    def flush(self) -> None:
+        """Deliver everything produced so far (inside the transaction); abortable if it cannot."""
+        remaining = self._call(lambda: self._producer.flush(self._timeout))
+        if remaining:
+            raise self.abortable(f"{remaining} messages not delivered within {self._timeout}s")
+
+    @staticmethod
+    def abortable(reason: str) -> KafkaException:
+        return KafkaException(KafkaError(KafkaError._MSG_TIMED_OUT, reason, txn_requires_abort=True))
+
     def send_offsets(self, offsets: list[TopicPartition], group_metadata: Any) -> None:
         self._call(lambda: self._producer.send_offsets_to_transaction(offsets, group_metadata, self._timeout), retry=True)
 

@@ -1,0 +1,1 @@
+"""onceflow acker service."""

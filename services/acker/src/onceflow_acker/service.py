@@ -1,0 +1,49 @@
+"""Composition: settings -> AckerStage on the shared loop -> gRPC (Admin + AckerAdmin + health)."""
+
+from __future__ import annotations
+
+from onceflow.acks import ACKS_TOPIC, EVENTS_TOPIC
+from onceflow.admin import ServiceServer
+from onceflow.admin.loop_controls import LoopControls
+from onceflow.runner import run_loop_service
+from onceflow.txn import TransactionalLoop
+from onceflow.v1 import acker_pb2, acker_pb2_grpc
+
+from onceflow_acker.admin import AckerAdminServicer
+from onceflow_acker.config import AckerSettings
+from onceflow_acker.stage import AckerStage, AckerStats
+
+
+def build(settings: AckerSettings) -> tuple[TransactionalLoop, ServiceServer]:
+    common = settings.common
+    stats = AckerStats()
+    ingest_topic = common.topic("ingest.records")
+    loop = TransactionalLoop(
+        stage=AckerStage(common.topic(EVENTS_TOPIC), ingest_topic, settings.default_timeout_ms, stats),
+        common=common,
+        settings=settings.loop,
+        input_topic=common.topic(ACKS_TOPIC),
+        group_id=settings.group_id,
+        transactional_id=settings.transactional_id,
+        dlq_topic=common.topic("acker.dlq"),
+        changelog_topic=common.topic("acker.changelog"),
+    )
+    assert loop.stores is not None
+    stores = loop.stores
+    admin = AckerAdminServicer(stores, stats, ingest_topic)
+    server = ServiceServer(
+        service="acker",
+        instance=settings.instance,
+        host=settings.host,
+        port=settings.port,
+        controls=LoopControls(loop, lambda: {"pending_trees": float(sum(len(s) for _p, s in stores.items()))}),  # type: ignore[arg-type]
+        admin_token=common.admin_token,
+        add_servicers=lambda server: acker_pb2_grpc.add_AckerAdminServicer_to_server(admin, server),
+        service_names=(acker_pb2.DESCRIPTOR.services_by_name["AckerAdmin"].full_name,),
+    )
+    return loop, server
+
+
+def run(settings: AckerSettings) -> int:
+    loop, server = build(settings)
+    return run_loop_service(loop, server, settings.metrics_port, settings.host)

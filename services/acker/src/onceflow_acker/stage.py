@@ -1,0 +1,138 @@
+"""The acker as a stage of the shared loop: acker.acks in, decisions out, trees in the
+changelog-backed store. Decisions, changelog and offsets commit in one transaction."""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from google.protobuf.message import DecodeError
+
+from onceflow.acks import root_key
+from onceflow.txn.batch import Batch
+from onceflow.v1.acker_pb2 import AckerMessage, RecordRef, TreeEvent
+
+from onceflow_acker.trees import Decision, Outcome, Tree, apply, expired
+
+_OUTCOME = {
+    Outcome.COMPLETED: TreeEvent.COMPLETED,
+    Outcome.FAILED: TreeEvent.FAILED,
+    Outcome.TIMED_OUT: TreeEvent.TIMED_OUT,
+}
+# The deadline sits at a fixed place in an encoded tree: the sweep reads only that.
+_DEADLINE = struct.Struct("<q")
+_DEADLINE_AT = 16
+
+
+@dataclass
+class AckerStats:
+    acks: int = 0
+    completed: int = 0
+    failed: int = 0
+    timed_out: int = 0
+    latencies_ms: deque[int] = field(default_factory=lambda: deque(maxlen=10_000))
+    completions: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=120))
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(self, acks: int, decisions: list[tuple[Outcome, int]]) -> None:
+        with self.lock:
+            self.acks += acks
+            for outcome, latency in decisions:
+                if outcome is Outcome.COMPLETED:
+                    self.completed += 1
+                    self.latencies_ms.append(latency)
+                elif outcome is Outcome.FAILED:
+                    self.failed += 1
+                else:
+                    self.timed_out += 1
+            self.completions.append((time.monotonic(), self.completed))
+
+    def completed_per_second(self) -> float:
+        with self.lock:
+            if len(self.completions) < 2:
+                return 0.0
+            (t0, c0), (t1, c1) = self.completions[0], self.completions[-1]
+        return (c1 - c0) / (t1 - t0) if t1 > t0 else 0.0
+
+    def latency_percentiles(self) -> tuple[float, float]:
+        with self.lock:
+            values = sorted(self.latencies_ms)
+        if not values:
+            return 0.0, 0.0
+        return float(values[len(values) // 2]), float(values[min(len(values) - 1, (len(values) * 99) // 100)])
+
+
+class AckerStage:
+    name = "acker"
+
+    def __init__(self, events_topic: str, ingest_topic: str, default_timeout_ms: int, stats: AckerStats) -> None:
+        self._events_topic = events_topic
+        self._ingest_topic = ingest_topic
+        self._default_timeout_ms = default_timeout_ms
+        self.stats = stats
+
+    def process(self, batch: Batch) -> None:
+        now = batch.now_ms
+        decisions: list[tuple[Outcome, int]] = []
+        for record in batch.records:
+            try:
+                message = AckerMessage.FromString(record.value() or b"")
+                if not message.root_id:
+                    raise ValueError("acker message without root_id")
+            except (DecodeError, ValueError) as exc:
+                batch.dead_letter(record, exc)
+                continue
+            state = batch.state(record.partition())
+            key = root_key(message.root_id)
+            raw = state.get(key)
+            try:
+                tree, decision = apply(Tree.decode(raw) if raw else None, message, now, self._default_timeout_ms)
+            except ValueError as exc:
+                batch.dead_letter(record, exc)
+                continue
+            if decision is None:
+                state.put(key, tree.encode())  # type: ignore[union-attr]
+            else:
+                state.delete(key)
+                decisions.append(self._emit(batch, message.root_id, decision, now))
+        acks = len(batch.records)
+        batch.after_commit.append(lambda: self.stats.record(acks, decisions))
+
+    def punctuate(self, batch: Batch) -> None:
+        """Time out trees past their deadline, by processing time."""
+        now = batch.now_ms
+        decisions: list[tuple[Outcome, int]] = []
+        for partition in batch.owned_partitions:
+            state = batch.state(partition)
+            due = [
+                (key, value)
+                for key, value in state.items()
+                if _DEADLINE.unpack_from(value, _DEADLINE_AT)[0] <= now
+            ]
+            for key, value in due:
+                decision = expired(Tree.decode(value), now)
+                if decision is not None:
+                    state.delete(key)
+                    decisions.append(self._emit(batch, int.from_bytes(key, "big"), decision, now))
+        if decisions:
+            batch.after_commit.append(lambda: self.stats.record(0, decisions))
+
+    def _emit(self, batch: Batch, root_id: int, decision: Decision, now: int) -> tuple[Outcome, int]:
+        tree = decision.tree
+        latency = max(0, now - tree.started_ms)
+        event = TreeEvent(
+            outcome=_OUTCOME[decision.outcome],
+            root_id=root_id,
+            origin=RecordRef(
+                record_id=tree.record_id, topic=self._ingest_topic, partition=tree.origin_partition, offset=tree.origin_offset
+            ),
+            attempt=tree.attempt,
+            latency_ms=latency,
+            reason=decision.reason,
+            decided_at_ms=now,
+        )
+        batch.emit(self._events_topic, event.SerializeToString(), key=root_key(root_id))
+        return decision.outcome, latency

@@ -1,0 +1,111 @@
+"""Storm's acker as pure functions over one tree's record. No Kafka, no clock of its own.
+
+A tree is one ingest attempt of a record. Its ``ack_val`` is the XOR of every edge id that has
+been emitted or acked so far: INIT adds the edges the spout emitted, each ACK adds the input
+edge it consumed and the child edges it emitted. Every edge appears exactly twice (emitted,
+acked), so ``ack_val`` returns to 0 exactly when all are acked; a missing ack leaves it non-zero
+with probability 1 - 2^-64. XOR commutes, so ACKs may arrive before their INIT; a tree is only
+complete once its INIT has been seen.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+
+from onceflow.v1.acker_pb2 import AckerMessage
+
+# ack_val, started_ms, deadline_ms, origin offset, attempt, origin partition, flags; then the
+# record_id's UTF-8 bytes (so operators can find a tree by record and see what is stuck).
+_LAYOUT = struct.Struct("<QqqqIiB")
+_INIT_SEEN = 1
+_FAILED = 2
+
+
+class Outcome(enum.Enum):
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    TIMED_OUT = "TIMED_OUT"
+
+
+@dataclass(slots=True)
+class Tree:
+    ack_val: int = 0
+    started_ms: int = 0
+    deadline_ms: int = 0
+    origin_offset: int = -1
+    attempt: int = 0
+    origin_partition: int = -1
+    init_seen: bool = False
+    failed: bool = False
+    record_id: str = ""
+
+    def encode(self) -> bytes:
+        """41 bytes plus the record_id: a pending tree's whole state, as stored and as written
+        to the changelog."""
+        flags = (_INIT_SEEN if self.init_seen else 0) | (_FAILED if self.failed else 0)
+        return _LAYOUT.pack(
+            self.ack_val, self.started_ms, self.deadline_ms, self.origin_offset, self.attempt, self.origin_partition, flags
+        ) + self.record_id.encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> Tree:
+        ack_val, started, deadline, offset, attempt, partition, flags = _LAYOUT.unpack_from(data)
+        return cls(
+            ack_val, started, deadline, offset, attempt, partition, bool(flags & _INIT_SEEN), bool(flags & _FAILED),
+            data[_LAYOUT.size :].decode(),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    outcome: Outcome
+    tree: Tree
+    reason: str = ""
+
+
+def apply(tree: Tree | None, message: AckerMessage, now_ms: int, default_timeout_ms: int) -> tuple[Tree | None, Decision | None]:
+    """One acker message applied to its tree. Returns the new tree (None once decided) and the
+    decision, if this message decided it."""
+    if tree is None:
+        # The deadline counts from the first message seen; INIT moves it to its own timeout.
+        tree = Tree(started_ms=now_ms, deadline_ms=now_ms + default_timeout_ms)
+    kind = message.kind
+    if kind == AckerMessage.INIT:
+        tree.ack_val ^= message.xor_value
+        tree.init_seen = True
+        tree.started_ms = message.sent_at_ms or tree.started_ms
+        tree.deadline_ms = tree.started_ms + (message.timeout_ms or default_timeout_ms)
+        tree.attempt = message.attempt
+        tree.origin_partition = message.origin.partition
+        tree.origin_offset = message.origin.offset
+        tree.record_id = message.origin.record_id
+    elif kind == AckerMessage.ACK:
+        tree.ack_val ^= message.xor_value
+    elif kind == AckerMessage.FAIL:
+        tree.failed = True
+        if tree.init_seen:
+            return None, Decision(Outcome.FAILED, tree, message.reason or f"failed in {message.stage or 'a stage'}")
+        # Without INIT we do not know the origin yet: hold the failure until INIT arrives.
+        return tree, None
+    else:
+        raise ValueError(f"unknown acker message kind {kind}")
+    return decide(tree)
+
+
+def decide(tree: Tree) -> tuple[Tree | None, Decision | None]:
+    if not tree.init_seen:
+        return tree, None
+    if tree.failed:
+        return None, Decision(Outcome.FAILED, tree, "failed before its INIT arrived")
+    if tree.ack_val == 0:
+        return None, Decision(Outcome.COMPLETED, tree)
+    return tree, None
+
+
+def expired(tree: Tree, now_ms: int) -> Decision | None:
+    """The timeout sweep: processing time, so a tree with no further messages still times out."""
+    if now_ms < tree.deadline_ms:
+        return None
+    return Decision(Outcome.TIMED_OUT, tree, f"not fully acked within {tree.deadline_ms - tree.started_ms} ms")

@@ -1,0 +1,127 @@
+"""The XOR tree table as pure functions: random trees, any message order."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from onceflow import acks
+from onceflow.v1.acker_pb2 import AckerMessage, RecordRef
+from onceflow_acker.trees import Outcome, Tree, apply, expired
+
+pytestmark = pytest.mark.acker
+
+TIMEOUT = 30_000
+
+
+def _tree_messages(rng: random.Random, fanouts: list[int], depth: int) -> list[AckerMessage]:
+    """INIT for the spout's edges, then one ACK per edge (input ^ children), Storm style."""
+    root = rng.getrandbits(64) or 1
+    new_edge = lambda: rng.getrandbits(64) or 1  # noqa: E731
+    spout_edges = [new_edge() for _ in range(max(1, fanouts[0] if fanouts else 1))]
+    messages = [
+        AckerMessage(
+            kind=AckerMessage.INIT, root_id=root, xor_value=acks.xor_all(spout_edges), sent_at_ms=1000,
+            origin=RecordRef(record_id="r", partition=1, offset=7), attempt=1, timeout_ms=TIMEOUT,
+        )
+    ]
+    frontier, level, i = spout_edges, 0, 1
+    while frontier:
+        nxt = []
+        for edge in frontier:
+            children = [new_edge() for _ in range(fanouts[i % len(fanouts)] if level < depth and fanouts else 0)]
+            i += 1
+            messages.append(AckerMessage(kind=AckerMessage.ACK, root_id=root, xor_value=edge ^ acks.xor_all(children)))
+            nxt.extend(children)
+        frontier, level = nxt, level + 1
+    return messages
+
+
+def _run(messages: list[AckerMessage], now: int = 2000) -> tuple[list[int], Tree | None]:
+    """Apply in order; return the indexes at which a decision came, and the final tree."""
+    tree, decided_at = None, []
+    for index, message in enumerate(messages):
+        tree, decision = apply(tree, message, now, TIMEOUT)
+        if decision is not None:
+            decided_at.append(index)
+            assert decision.outcome is Outcome.COMPLETED
+            tree = None
+    return decided_at, tree
+
+
+trees = st.tuples(
+    st.integers(min_value=0, max_value=2**32),  # id seed
+    st.lists(st.integers(min_value=0, max_value=3), min_size=1, max_size=6),  # fan-outs
+    st.integers(min_value=0, max_value=3),  # depth
+    st.randoms(use_true_random=False),  # delivery order
+)
+
+
+@settings(max_examples=300)
+@given(trees)
+def test_a_tree_completes_exactly_when_its_last_message_arrives(case):
+    seed, fanouts, depth, order = case
+    messages = _tree_messages(random.Random(seed), fanouts, depth)
+    order.shuffle(messages)  # ACK before INIT included
+    decided_at, tree = _run(messages)
+    assert decided_at == [len(messages) - 1]
+    assert tree is None
+
+
+@settings(max_examples=200)
+@given(trees, st.data())
+def test_a_missing_or_duplicated_ack_never_completes(case, data):
+    seed, fanouts, depth, order = case
+    messages = _tree_messages(random.Random(seed), fanouts, depth)
+    acks_only = [i for i, m in enumerate(messages) if m.kind == AckerMessage.ACK]
+    victim = data.draw(st.sampled_from(acks_only))
+    if data.draw(st.booleans()):
+        broken = messages[:victim] + messages[victim + 1 :]
+    else:
+        broken = messages + [messages[victim]]
+    order.shuffle(broken)
+    decided_at, tree = _run(broken)
+    # A duplicate may complete early only if it lands before the real last message; it must
+    # then leave a non-zero remainder, never a second completion.
+    if len(broken) < len(messages):
+        assert decided_at == []
+        assert tree is not None and tree.ack_val != 0
+    else:
+        assert len(decided_at) <= 1
+
+
+@given(trees, st.data())
+def test_fail_decides_failed_once_init_is_seen(case, data):
+    seed, fanouts, depth, order = case
+    messages = _tree_messages(random.Random(seed), fanouts, depth)
+    at = data.draw(st.integers(min_value=0, max_value=len(messages)))
+    messages.insert(at, AckerMessage(kind=AckerMessage.FAIL, root_id=messages[0].root_id, reason="boom"))
+    order.shuffle(messages)
+    fail_index = next(i for i, m in enumerate(messages) if m.kind == AckerMessage.FAIL)
+    tree, outcomes = None, []
+    for message in messages:
+        tree, decision = apply(tree, message, 2000, TIMEOUT)
+        if decision is not None:
+            outcomes.append(decision.outcome)
+            break
+    # COMPLETED only if every ACK and the INIT arrived before the FAIL; otherwise FAILED.
+    expected = Outcome.COMPLETED if fail_index == len(messages) - 1 else Outcome.FAILED
+    assert outcomes == [expected]
+
+
+def test_timeout_by_processing_time_and_encoding_round_trip():
+    messages = _tree_messages(random.Random(1), [2], 1)
+    tree, decision = apply(None, messages[0], 2000, TIMEOUT)
+    assert decision is None and tree is not None
+    assert Tree.decode(tree.encode()) == tree
+    assert expired(tree, 1000 + TIMEOUT - 1) is None
+    timed_out = expired(tree, 1000 + TIMEOUT)
+    assert timed_out is not None and timed_out.outcome is Outcome.TIMED_OUT
+
+
+def test_next_root_id_is_deterministic_and_distinct():
+    assert acks.next_root_id(42, 2) == acks.next_root_id(42, 2)
+    assert len({acks.next_root_id(42, a) for a in range(1, 100)}) == 99

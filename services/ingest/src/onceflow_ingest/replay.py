@@ -1,0 +1,108 @@
+"""Replays: a stage of the shared loop over acker.events. A TIMED_OUT or FAILED tree is read
+back from ingest.records by offset and emitted again as attempt n+1 (with its INIT), in one
+transaction with the event's offset; after max_attempts the record goes to ingest.dlq."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from confluent_kafka import TopicPartition
+
+from onceflow import acks
+from onceflow.codec import decode_envelope, encode_envelope, new_id, now_ms
+from onceflow.config import CommonSettings
+from onceflow.kafka import clients
+from onceflow.txn.batch import Batch
+from onceflow.v1.acker_pb2 import TreeEvent
+from onceflow.v1.envelope_pb2 import DeadLetter
+
+log = logging.getLogger(__name__)
+
+
+class OriginalFetcher:
+    """Reads one committed record of ingest.records by (partition, offset)."""
+
+    def __init__(self, common: CommonSettings, topic: str, timeout_s: float = 10.0) -> None:
+        self._topic = topic
+        self._timeout_s = timeout_s
+        # Each fetch re-assigns: a long fetch wait on the previous assignment would delay the
+        # next one by fetch.wait.max.ms (500 ms by default).
+        self._reader = clients.reader(common, **{"fetch.wait.max.ms": 5, "enable.partition.eof": False})
+
+    def fetch(self, partition: int, offset: int) -> bytes | None:
+        self._reader.assign([TopicPartition(self._topic, partition, offset)])
+        deadline = time.monotonic() + self._timeout_s
+        while time.monotonic() < deadline:
+            message = self._reader.poll(0.05)
+            if message is None:
+                continue
+            error = message.error()
+            if error is not None:
+                log.warning("fetching %s[%d]@%d: %s", self._topic, partition, offset, error)
+                continue
+            if message.offset() == offset:
+                return message.value()
+            return None  # compacted or deleted: the offset now holds a later record
+        return None
+
+    def close(self) -> None:
+        self._reader.close()
+
+
+class ReplayStage:
+    name = "ingest-replayer"
+
+    def __init__(
+        self, fetcher: OriginalFetcher, ingest_topic: str, dlq_topic: str, acks_topic: str, max_attempts: int, timeout_ms: int
+    ) -> None:
+        self._fetcher = fetcher
+        self._ingest_topic = ingest_topic
+        self._dlq_topic = dlq_topic
+        self._acks_topic = acks_topic
+        self._max_attempts = max_attempts
+        self._timeout_ms = timeout_ms
+        self.replayed = 0
+        self.dead_lettered = 0
+
+    def process(self, batch: Batch) -> None:
+        replayed = dead = 0
+        for record in batch.records:
+            event = TreeEvent.FromString(record.value() or b"")
+            if event.outcome == TreeEvent.COMPLETED:
+                continue
+            original = self._fetcher.fetch(event.origin.partition, event.origin.offset)
+            if original is None:
+                batch.dead_letter(record, f"original of {event.origin.record_id} not found at "
+                                          f"{event.origin.topic}[{event.origin.partition}]@{event.origin.offset}")
+                continue
+            if event.attempt < self._max_attempts:
+                envelope = decode_envelope(original)
+                attempt = event.attempt + 1
+                envelope.root_id = acks.next_root_id(event.root_id, attempt)
+                envelope.edge_id = new_id()
+                envelope.attempt = attempt
+                batch.emit(self._ingest_topic, encode_envelope(envelope), key=envelope.record_id.encode())
+                key, value = acks.init(envelope.root_id, [envelope.edge_id], event.origin, attempt, self._timeout_ms)
+                batch.emit(self._acks_topic, value, key=key)
+                replayed += 1
+            else:
+                outcome = TreeEvent.Outcome.Name(event.outcome)
+                letter = DeadLetter(
+                    stage="ingest",
+                    error_class=outcome,
+                    message=f"{event.reason}; gave up after {event.attempt} attempt(s)",
+                    original=original,
+                    source_topic=event.origin.topic,
+                    source_partition=event.origin.partition,
+                    source_offset=event.origin.offset,
+                    failed_at_ms=now_ms(),
+                )
+                batch.emit(self._dlq_topic, letter.SerializeToString(), key=event.origin.record_id.encode())
+                dead += 1
+
+        def count() -> None:
+            self.replayed += replayed
+            self.dead_lettered += dead
+
+        batch.after_commit.append(count)
