@@ -52,6 +52,7 @@ test-fast: setup
 
 bench: setup
 	$(PY) bench/ingest_throughput.py
+	$(PY) bench/acker_throughput.py
 
 clean:
 	-$(ONCEFLOW) infra down

@@ -4,6 +4,9 @@ tree must be decided exactly once."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -200,6 +203,22 @@ def test_wait_processed_returns_only_after_the_tree_completed(pipeline: Pipeline
         stub.Ingest(request, timeout=3)
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert not [e for e in deploy.events() if e.origin.record_id.startswith("waiting")]
+
+    # Meanwhile the operator can see the stuck trees.
+    acker_address = deploy.ackers[0][1]
+    admin = acker_pb2_grpc.AckerAdminStub(grpc.insecure_channel(acker_address))
+    pending = admin.ListPending(acker_pb2.ListPendingRequest(limit=50), timeout=5)
+    assert pending.total_pending == 20
+    assert {t.origin.record_id for t in pending.trees} == {f"waiting-{i}" for i in range(20)}
+    tree = admin.GetTree(acker_pb2.GetTreeRequest(record_id="waiting-3"), timeout=5).trees[0]
+    assert tree.init_seen and not tree.failed and tree.attempt == 1
+    assert admin.GetTree(acker_pb2.GetTreeRequest(root_id=tree.root_id), timeout=5).trees[0].origin.record_id == "waiting-3"
+    cli = subprocess.run(
+        [sys.executable, "-m", "onceflow", "admin", "acker", "stats", "--json", "-a", acker_address],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert json.loads(cli.stdout)["pending"] == "20"  # uint64 is a string in proto JSON
 
     deploy.leaf.start()
     request = ingest_pb2.IngestRequest(records=ingest_records(items("processed", 20)), wait=ingest_pb2.WAIT_FOR_PROCESSED)
