@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from onceflow import acks
 from onceflow.v1.acker_pb2 import AckerMessage, RecordRef
-from onceflow_acker.trees import Outcome, Tree, apply, expired
+from onceflow_acker.trees import Outcome, Tree, apply, expired, xor_pending
 
 pytestmark = pytest.mark.acker
 
@@ -125,3 +125,23 @@ def test_timeout_by_processing_time_and_encoding_round_trip():
 def test_next_root_id_is_deterministic_and_distinct():
     assert acks.next_root_id(42, 2) == acks.next_root_id(42, 2)
     assert len({acks.next_root_id(42, a) for a in range(1, 100)}) == 99
+
+
+@given(
+    st.integers(min_value=0, max_value=2**64 - 1),
+    st.integers(min_value=0, max_value=2**64 - 1),
+    st.booleans(),
+    st.booleans(),
+    st.text(max_size=20),
+)
+def test_the_xor_fast_path_agrees_with_the_full_path(ack_val, xor_value, init_seen, failed, record_id):
+    tree = Tree(ack_val, 1, 2, 3, 1, 0, init_seen, failed, record_id)
+    fast = xor_pending(tree.encode(), xor_value)
+    full, decision = apply(Tree.decode(tree.encode()), AckerMessage(kind=AckerMessage.ACK, root_id=9, xor_value=xor_value), 5, TIMEOUT)
+    if fast is None:
+        assert decision is not None  # only a possibly deciding ACK leaves the fast path
+    elif decision is None:
+        assert Tree.decode(fast) == full
+    else:
+        # A failed tree with INIT is decided on any message; the fast path must not hide that.
+        assert failed and init_seen

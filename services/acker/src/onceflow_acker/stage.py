@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 from google.protobuf.message import DecodeError
 
 from onceflow.acks import root_key
+from onceflow.state.overlay import StateTransaction
 from onceflow.txn.batch import Batch
 from onceflow.v1.acker_pb2 import AckerMessage, RecordRef, TreeEvent
 
-from onceflow_acker.trees import Decision, Outcome, Tree, apply, expired
+from onceflow_acker.trees import Decision, Outcome, Tree, apply, expired, xor_pending
 
 _OUTCOME = {
     Outcome.COMPLETED: TreeEvent.COMPLETED,
@@ -77,6 +78,7 @@ class AckerStage:
     def process(self, batch: Batch) -> None:
         now = batch.now_ms
         decisions: list[tuple[Outcome, int]] = []
+        states: dict[int, StateTransaction] = {}
         for record in batch.records:
             try:
                 message = AckerMessage.FromString(record.value() or b"")
@@ -85,9 +87,17 @@ class AckerStage:
             except (DecodeError, ValueError) as exc:
                 batch.dead_letter(record, exc)
                 continue
-            state = batch.state(record.partition())
+            partition = record.partition()
+            state = states.get(partition)
+            if state is None:
+                state = states[partition] = batch.state(partition)
             key = root_key(message.root_id)
             raw = state.get(key)
+            if raw is not None and message.kind == AckerMessage.ACK:
+                updated = xor_pending(raw, message.xor_value)
+                if updated is not None:
+                    state.put(key, updated)
+                    continue
             try:
                 tree, decision = apply(Tree.decode(raw) if raw else None, message, now, self._default_timeout_ms)
             except ValueError as exc:

@@ -21,6 +21,8 @@ from onceflow.v1.acker_pb2 import AckerMessage
 _LAYOUT = struct.Struct("<QqqqIiB")
 _INIT_SEEN = 1
 _FAILED = 2
+_ACK_VAL = struct.Struct("<Q")
+_FLAGS_AT = 40
 
 
 class Outcome(enum.Enum):
@@ -92,6 +94,15 @@ def apply(tree: Tree | None, message: AckerMessage, now_ms: int, default_timeout
     else:
         raise ValueError(f"unknown acker message kind {kind}")
     return decide(tree)
+
+
+def xor_pending(encoded: bytes, xor_value: int) -> bytes | None:
+    """The hot path of an ACK on a stored tree: XOR straight into the encoding. Returns None
+    when the ACK may decide the tree (then ``apply`` on the decoded tree must run)."""
+    ack_val = _ACK_VAL.unpack_from(encoded)[0] ^ xor_value
+    if ack_val == 0 and encoded[_FLAGS_AT] & _INIT_SEEN:
+        return None
+    return _ACK_VAL.pack(ack_val) + encoded[8:]
 
 
 def decide(tree: Tree) -> tuple[Tree | None, Decision | None]:
