@@ -10,24 +10,17 @@ COPY libs ./libs
 COPY services ./services
 COPY proto ./proto
 COPY infra/topics.toml ./infra/topics.toml
+RUN uv run --no-project --with grpcio-tools==1.85.1 proto/generate.sh python
 
 FROM base AS ingest
-RUN uv sync --locked --no-dev --package onceflow-ingest \
- && uv run --no-sync --with grpcio-tools python -m grpc_tools.protoc -Iproto \
-      --python_out=libs/onceflow/src --pyi_out=libs/onceflow/src --grpc_python_out=libs/onceflow/src \
-      proto/onceflow/v1/*.proto \
- && touch libs/onceflow/src/onceflow/v1/__init__.py
+RUN uv sync --locked --no-dev --package onceflow-ingest
 ENV ONCEFLOW_INGEST_HOST=0.0.0.0
 EXPOSE 50051 9101
 HEALTHCHECK CMD ["/app/.venv/bin/onceflow", "health", "127.0.0.1:50051"]
 CMD ["/app/.venv/bin/onceflow-ingest"]
 
 FROM base AS acker
-RUN uv sync --locked --no-dev --package onceflow-acker \
- && uv run --no-sync --with grpcio-tools python -m grpc_tools.protoc -Iproto \
-      --python_out=libs/onceflow/src --pyi_out=libs/onceflow/src --grpc_python_out=libs/onceflow/src \
-      proto/onceflow/v1/*.proto \
- && touch libs/onceflow/src/onceflow/v1/__init__.py
+RUN uv sync --locked --no-dev --package onceflow-acker
 ENV ONCEFLOW_ACKER_HOST=0.0.0.0
 EXPOSE 50052 9102
 HEALTHCHECK CMD ["/app/.venv/bin/onceflow", "health", "127.0.0.1:50052"]

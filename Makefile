@@ -22,12 +22,9 @@ venv: $(UV)
 
 proto: venv $(GEN_STAMP)
 
-$(GEN_STAMP): $(PROTOS) | $(UV)
-	rm -rf libs/onceflow/src/onceflow/v1
-	mkdir -p libs/onceflow/src/onceflow/v1
-	$(PY) -m grpc_tools.protoc -Iproto --python_out=libs/onceflow/src --pyi_out=libs/onceflow/src \
-		--grpc_python_out=libs/onceflow/src $(PROTOS)
-	touch libs/onceflow/src/onceflow/v1/__init__.py $@
+$(GEN_STAMP): $(PROTOS) proto/generate.sh | $(UV)
+	proto/generate.sh $(PY)
+	touch $@
 
 kafka-jars: venv
 	$(ONCEFLOW) infra install
