@@ -55,8 +55,9 @@ def test_ten_thousand_records_are_all_readable_read_committed(pipeline: Pipeline
 class RetryingSender(threading.Thread):
     """A client that keeps sending batches and retries each until ingest confirms it."""
 
-    def __init__(self, address: str, batch: list, size: int) -> None:
+    def __init__(self, address: str, batch: list, size: int, pause_s: float = 0.0) -> None:
         super().__init__(daemon=True)
+        self.pause_s = pause_s
         self.client = IngestClient(address, RetryPolicy(max_attempts=200, backoff_s=0.05, call_timeout_s=20))
         self.batches = [batch[i : i + size] for i in range(0, len(batch), size)]
         self.acknowledged: list[str] = []
@@ -72,6 +73,7 @@ class RetryingSender(threading.Thread):
                 if self.client.retries != before:
                     self.retried.update(ids)
                 self.acknowledged.extend(ids)
+                time.sleep(self.pause_s)
         except BaseException as exc:  # noqa: BLE001 - surfaced by the test
             self.error = exc
 
@@ -80,9 +82,11 @@ class RetryingSender(threading.Thread):
 def test_kill9_mid_stream_with_retrying_client_loses_nothing(pipeline: Pipeline) -> None:
     proc, address = _ingest(pipeline)
     batch = items("kill9", 6000)
-    sender = RetryingSender(address, batch, size=100)
+    # Paced so that the stream is certainly still running when the kill comes.
+    sender = RetryingSender(address, batch, size=100, pause_s=0.02)
     sender.start()
-    eventually(lambda: len(sender.acknowledged) >= 1000, 60, "ingest to accept 1000 records")
+    eventually(lambda: len(sender.acknowledged) >= 1000, 60, "ingest to accept 1000 records", interval_s=0.05)
+    assert sender.is_alive()
     assert proc.kill9() == -9
     time.sleep(0.5)
     proc.start()

@@ -56,7 +56,7 @@ class IngestClient:
         backoff = self.policy.backoff_s
         for attempt in range(1, self.policy.max_attempts + 1):
             try:
-                return self._stub.Ingest(request, timeout=self.policy.call_timeout_s, wait_for_ready=True)
+                return self._stub.Ingest(request, timeout=self.policy.call_timeout_s)
             except grpc.RpcError as exc:
                 code = exc.code()  # type: ignore[attr-defined]
                 if code not in RETRIABLE or attempt == self.policy.max_attempts:
