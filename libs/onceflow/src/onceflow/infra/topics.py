@@ -90,7 +90,8 @@ def ensure_topics(
     """Create the topics (``prefix`` + name) that do not exist yet; returns the names created.
 
     Replication factor 1 (one broker). Safe to run concurrently: TOPIC_ALREADY_EXISTS counts as
-    success. Returns once the broker's metadata lists every topic, so a producer can use them.
+    success. Returns once the broker's metadata lists every topic with a leader for every
+    partition, so producers and ListOffsets can use them at once.
     """
     specs = load_specs() if specs is None else specs
     admin = _admin(bootstrap)
@@ -111,11 +112,19 @@ def ensure_topics(
                     raise
     wanted = {prefix + s.name for s in specs}
     deadline = time.monotonic() + timeout
-    while not wanted <= set(admin.list_topics(timeout=timeout).topics):
+    while not _all_led(admin.list_topics(timeout=timeout).topics, wanted):
         if time.monotonic() > deadline:
-            raise TimeoutError(f"topics not visible after {timeout:.0f}s: {sorted(wanted)}")
+            raise TimeoutError(f"topics without leaders after {timeout:.0f}s: {sorted(wanted)}")
         time.sleep(0.1)
     return created
+
+
+def _all_led(topics: dict, wanted: set[str]) -> bool:  # type: ignore[type-arg]
+    return all(
+        name in topics and topics[name].error is None and topics[name].partitions
+        and all(p.leader >= 0 for p in topics[name].partitions.values())
+        for name in wanted
+    )
 
 
 def delete_topics(bootstrap: str, prefix: str, timeout: float = 30.0) -> list[str]:

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from confluent_kafka import OFFSET_BEGINNING, IsolationLevel, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import OffsetSpec
 
 from onceflow.config import CommonSettings
@@ -31,8 +31,27 @@ def partitions_of(common: CommonSettings, topic: str) -> list[int]:
     return sorted(metadata.topics[topic].partitions)
 
 
-def end_offsets(common: CommonSettings, topic: str) -> dict[int, tuple[int, int]]:
-    """partition -> (last stable offset, high watermark)."""
+def end_offsets(common: CommonSettings, topic: str, timeout_s: float = 30.0) -> dict[int, tuple[int, int]]:
+    """partition -> (last stable offset, high watermark). Retried while the topic's leaders are
+    still being elected (a topic created a moment ago, a broker that just restarted)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return _end_offsets(common, topic)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            transient = isinstance(err, KafkaError) and (err.retriable() or err.code() in _LEADERSHIP_CODES)
+            if not transient or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+_LEADERSHIP_CODES = frozenset(
+    {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART}
+)
+
+
+def _end_offsets(common: CommonSettings, topic: str) -> dict[int, tuple[int, int]]:
     admin = clients.admin(common)
     result: dict[int, list[int]] = {}
     partitions = partitions_of(common, topic)
