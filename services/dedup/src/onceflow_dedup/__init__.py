@@ -1,0 +1,1 @@
+"""onceflow dedup gate (in progress: the pure Bloom-bucket core only)."""
