@@ -56,7 +56,6 @@ class PartitionProgress:
 class LoopStats:
     committed: int = 0
     aborted: int = 0
-    producers_recreated: int = 0
     records_in: int = 0
     records_out: int = 0
     dead_letters: int = 0
@@ -298,8 +297,9 @@ class TransactionalLoop:
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         log.info("%s: assigned %s", self.stage.name, [p.partition for p in partitions])
         if self.stores is not None:
+            before = self.stores.restored_records
             self.stores.assign(p.partition for p in partitions)
-            metrics.RESTORED.labels(self.stage.name).inc(0)
+            metrics.RESTORED.labels(self.stage.name).inc(self.stores.restored_records - before)
         consumer.assign(partitions)
         if self._paused_now:
             consumer.pause(partitions)
