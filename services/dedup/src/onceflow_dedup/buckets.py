@@ -2,7 +2,9 @@
 for a retention horizon. No Kafka, no Redis.
 
 "No filter says maybe" proves a record_id new (the fast path: no exact-store read). "Maybe"
-sends the caller to the exact store. A record older than the horizon is not recognised: its
+sends the caller to the exact store. Time here is ingest time, and "now" is the partition's
+stream time (the newest ingest time it has seen), not the wall clock: a gate catching up on an
+hour of backlog still deduplicates it. A record older than the horizon is not recognised: its
 bucket is gone, by contract.
 """
 
@@ -26,6 +28,17 @@ class BucketSpec:
         if self.expected_per_bucket <= 0 or not 0 < self.false_positive_rate < 1:
             raise ValueError("need expected_per_bucket > 0 and 0 < false_positive_rate < 1")
 
+    @property
+    def live_buckets(self) -> int:
+        """How many buckets can be alive at once: the horizon's, plus the one filling now."""
+        return self.horizon_ms // self.bucket_ms + 1
+
+    @property
+    def per_filter_rate(self) -> float:
+        """A lookup asks every live filter, so their false positives add up: each filter gets
+        its share of the configured rate, which then bounds the gate's rate as a whole."""
+        return self.false_positive_rate / self.live_buckets
+
 
 class BloomBuckets:
     def __init__(self, spec: BucketSpec) -> None:
@@ -36,8 +49,8 @@ class BloomBuckets:
         """The bucket's start, in ms."""
         return ingest_time_ms - ingest_time_ms % self.spec.bucket_ms
 
-    def beyond_horizon(self, ingest_time_ms: int, now_ms: int) -> bool:
-        return self.bucket_of(ingest_time_ms) + self.spec.horizon_ms <= self.bucket_of(now_ms)
+    def beyond_horizon(self, ingest_time_ms: int, stream_time_ms: int) -> bool:
+        return self.bucket_of(ingest_time_ms) + self.spec.horizon_ms <= self.bucket_of(stream_time_ms)
 
     def might_contain(self, record_id: str) -> bool:
         return any(record_id in bloom for bloom in self._filters.values())
@@ -46,14 +59,14 @@ class BloomBuckets:
         bucket = self.bucket_of(ingest_time_ms)
         bloom = self._filters.get(bucket)
         if bloom is None:
-            bloom = self._filters[bucket] = Bloom(self.spec.expected_per_bucket, self.spec.false_positive_rate)
+            bloom = self._filters[bucket] = Bloom(self.spec.expected_per_bucket, self.spec.per_filter_rate)
         bloom.add(record_id)
         return bucket
 
-    def expire(self, now_ms: int) -> list[int]:
+    def expire(self, stream_time_ms: int) -> list[int]:
         """Drop the buckets past the horizon; returns their starts (so the exact store and the
         changelog can drop them too)."""
-        gone = sorted(b for b in self._filters if b + self.spec.horizon_ms <= self.bucket_of(now_ms))
+        gone = sorted(b for b in self._filters if b + self.spec.horizon_ms <= self.bucket_of(stream_time_ms))
         for bucket in gone:
             del self._filters[bucket]
         return gone

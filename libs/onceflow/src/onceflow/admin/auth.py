@@ -16,6 +16,7 @@ MUTATING_METHODS = frozenset(
         "/onceflow.v1.Admin/Pause",
         "/onceflow.v1.Admin/Resume",
         "/onceflow.v1.Admin/Drain",
+        "/onceflow.v1.DedupAdmin/Forget",
     }
 )
 

@@ -22,6 +22,11 @@ class StateTransaction:
         # without copying the overlay per record.
         self._undo: list[tuple[bytes, object]] = []
 
+    @property
+    def store(self) -> KeyValueStore:
+        """The committed store under this overlay (for what a stage keeps beside it)."""
+        return self._store
+
     def get(self, key: bytes) -> bytes | None:
         if key in self.changes:
             return self.changes[key]
@@ -37,6 +42,10 @@ class StateTransaction:
             if key in self.changes:
                 self._undo.append((key, self.changes.pop(key)))
             return
+        self._write(key, None)
+
+    def tombstone(self, key: bytes) -> None:
+        """Delete a key the caller knows is committed, without reading the store first."""
         self._write(key, None)
 
     def items(self) -> Iterator[tuple[bytes, bytes]]:

@@ -82,6 +82,10 @@ class PartitionStores:
                         f"restore of {self.changelog_topic} partitions {sorted(pending)} "
                         f"exceeded {self._restore_timeout_s}s"
                     )
+                # One apply per partition per fetched chunk: a store that writes through (Redis)
+                # pays one round trip per chunk, not per record. Later records win, as in order.
+                changes: dict[int, dict[bytes, bytes | None]] = {}
+                next_offsets: dict[int, int] = {}
                 for message in reader.consume(num_messages=10_000, timeout=0.5):
                     partition = message.partition()
                     error = message.error()
@@ -90,10 +94,11 @@ class PartitionStores:
                             pending.discard(partition)
                             continue
                         raise RuntimeError(f"restore of {self.changelog_topic}[{partition}]: {error}")
-                    self._stores[partition].apply(
-                        {message.key(): message.value()}, checkpoint=message.offset() + 1
-                    )
+                    changes.setdefault(partition, {})[message.key()] = message.value()
+                    next_offsets[partition] = message.offset() + 1
                     applied += 1
+                for partition, chunk in changes.items():
+                    self._stores[partition].apply(chunk, checkpoint=next_offsets[partition])
             self.restored_records += applied
             log.info(
                 "restored %d changelog records of %s partitions %s in %.2fs",

@@ -197,6 +197,9 @@ class TransactionalLoop:
             return
         assert self._producer is not None
         if not records and not batch.has_writes:
+            # Nothing to commit, so nothing can fail to: settle whatever waits on this batch.
+            for callback in batch.after_commit:
+                callback()
             return
         try:
             changelog_offsets = self._commit_batch(batch, records)

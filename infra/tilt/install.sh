@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Installs a pinned Tilt into .tools/bin, built from source: the Go module proxy (Go code) and
+# the npm registry (the web UI) are the only places this project can fetch Tilt from; there
+# are no release downloads. Idempotent: when .tools/bin/tilt already is the pinned version,
+# this only runs `tilt version` and exits. See docs/decisions/0004-tilt-from-source.md.
+#
+#   infra/tilt/install.sh            # or: make tilt
+#   TILT_WEB_UI=0 infra/tilt/install.sh   # skip the web UI (no node needed; terminal HUD only)
+set -euo pipefail
+
+# v0.34.0 is the newest Tilt release the module proxy serves here; its go.mod asks for go 1.23.
+TILT_VERSION="${TILT_VERSION:-0.34.0}"
+# go.sum hash (h1:) of that module zip; change both together. The checksum database behind the
+# proxy has no record for Tilt, so it is skipped for this one module and this pin checked
+# instead; every dependency is still verified against Tilt's own go.sum.
+TILT_SUM="${TILT_SUM:-h1:oJAAkIiV34TEdlNqjDWkKG29hsAln7Ao28F+RTEZN24=}"
+TILT_WEB_UI="${TILT_WEB_UI:-1}"
+GO_MIN=1.23
+# Fetched only when `go` on PATH is missing or older than GO_MIN.
+GO_VERSION="${GO_VERSION:-1.24.13}"
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+tools="$root/.tools"
+tilt="$tools/bin/tilt"
+
+# Fast path: the build below stamps the version, as Tilt's release build does ("v0.34.0, built …").
+if [[ -x "$tilt" ]] && [[ "$("$tilt" version 2>/dev/null)" == "v$TILT_VERSION, built "* ]]; then
+    exit 0
+fi
+
+version_ge() { [[ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" == "$2" ]]; }
+
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+
+go_bin=""
+if command -v go >/dev/null; then
+    have="$(go env GOVERSION 2>/dev/null || true)"   # e.g. go1.26.8
+    if [[ "$have" == go* ]] && version_ge "${have#go}" "$GO_MIN"; then
+        go_bin="$(command -v go)"
+    fi
+fi
+if [[ -z "$go_bin" ]]; then
+    # The same zip the go command fetches when it switches toolchains: module
+    # golang.org/toolchain, taken from the first proxy in GOPROXY (go's default if unset).
+    os="$(uname -s | tr '[:upper:]' '[:lower:]')"
+    case "$(uname -m)" in
+        x86_64 | amd64) arch=amd64 ;;
+        aarch64 | arm64) arch=arm64 ;;
+        *) echo "install.sh: unsupported machine $(uname -m)" >&2; exit 1 ;;
+    esac
+    goroot="$tools/go-$GO_VERSION"
+    if [[ ! -x "$goroot/bin/go" ]]; then
+        proxy="${GOPROXY:-https://proxy.golang.org,direct}"
+        proxy="${proxy%%[,|]*}"
+        [[ "$proxy" == http* ]] || { echo "install.sh: first GOPROXY entry is not a URL: $proxy" >&2; exit 1; }
+        mod="v0.0.1-go$GO_VERSION.$os-$arch"
+        echo "install.sh: downloading Go $GO_VERSION ($os-$arch) from the module proxy" >&2
+        curl -fsSL --retry 3 -o "$tmp/go.zip" "$proxy/golang.org/toolchain/@v/$mod.zip"
+        unzip -q "$tmp/go.zip" -d "$tmp/go"
+        mkdir -p "$tools"
+        rm -rf "$goroot"
+        mv "$tmp/go/golang.org/toolchain@$mod" "$goroot"   # the zip nests it under module@version
+    fi
+    go_bin="$goroot/bin/go"
+fi
+export GOTOOLCHAIN=local   # build with exactly the go chosen above; never switch on our behalf
+# Module and build caches stay the user's defaults (shared with other Go work; `make clean`
+# keeps them, so a rebuild after it is warm).
+
+# `go install …/cmd/tilt@vX` cannot be used: Tilt's go.mod has replace directives (which
+# `go install pkg@version` refuses) and its web UI must be built into the source tree before
+# compiling. So: fetch the module, check its hash, build from a writable copy of it.
+export GONOSUMDB="github.com/tilt-dev/tilt${GONOSUMDB:+,$GONOSUMDB}"
+info="$(cd "$tmp" && "$go_bin" mod download -json "github.com/tilt-dev/tilt@v$TILT_VERSION")"
+field() { sed -n "s/^\t\"$1\": \"\(.*\)\",\?$/\1/p" <<<"$info"; }
+if [[ "$(field Sum)" != "$TILT_SUM" ]]; then
+    echo "install.sh: tilt v$TILT_VERSION has sum '$(field Sum)', expected '$TILT_SUM'" >&2
+    exit 1
+fi
+src="$tools/src/tilt-$TILT_VERSION"
+if [[ ! -f "$src/.copied" ]]; then
+    rm -rf "$src" && mkdir -p "$tools/src"
+    cp -r "$(field Dir)" "$src"
+    chmod -R u+w "$src"          # the module cache is read-only
+    rm -rf "$src/vendor"         # only modules.txt ships; it would force -mod=vendor
+    touch "$src/.copied"
+fi
+
+if [[ "$TILT_WEB_UI" != 0 ]]; then
+    # Tilt's `make build-js`: the UI's own pinned yarn (web/.yarn/releases) installs from the
+    # npm registry; the result is embedded (go:embed) from pkg/assets/build.
+    if [[ ! -f "$src/pkg/assets/build/index.html" ]]; then
+        command -v node >/dev/null || { echo "install.sh: the web UI needs node (or TILT_WEB_UI=0)" >&2; exit 1; }
+        echo "install.sh: building Tilt's web UI (yarn install + build)" >&2
+        yarn=("node" "$src/web/$(sed -n 's/^yarnPath: //p' "$src/web/.yarnrc.yml")")
+        (cd "$src/web" && "${yarn[@]}" install --immutable && CI=false "${yarn[@]}" build)
+        cp -r "$src/web/build/." "$src/pkg/assets/build/"
+    fi
+    # A version stamp makes Tilt serve the embedded UI (prod web mode).
+    stamp=(-X "main.version=$TILT_VERSION" -X "main.date=$(field Time)")
+else
+    # No stamp: Tilt then calls itself a dev build ("v0.33.22-dev", its source's constant)
+    # and does not look for embedded assets it does not have.
+    stamp=(-X "github.com/tilt-dev/tilt/internal/cli.commitSHA=v$TILT_VERSION")
+fi
+
+echo "install.sh: building tilt v$TILT_VERSION with $("$go_bin" env GOVERSION) (minutes on a cold cache)" >&2
+mkdir -p "$tools/bin"
+(cd "$src" && "$go_bin" build -mod=readonly -tags osusergo -ldflags "-s -w ${stamp[*]}" \
+    -o "$tilt.new" ./cmd/tilt)
+mv "$tilt.new" "$tilt"
+"$tilt" version

@@ -1,0 +1,182 @@
+"""The gate: a stage of the shared loop over ingest.records. Each record_id passes once.
+
+Per record: a record_id this batch already let through is a duplicate; otherwise, if no Bloom
+filter says "maybe", the record is new without a store read (the fast path); otherwise the
+exact store decides (present: duplicate; absent: a false positive, so new). New ids go into the
+transaction's state overlay, hence into ``dedup.changelog`` with the outputs and offsets.
+
+Punctuation does the writes that are not driven by records: GC of buckets past the horizon
+and operators' Forget requests, both as changelog tombstones in a transaction of their own.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import queue
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from confluent_kafka import Message
+
+from onceflow.codec import decode_envelope, encode_envelope, new_id
+from onceflow.txn.batch import Batch
+
+from onceflow_dedup import metrics
+from onceflow_dedup.store import DedupStore, encode_bucket
+
+log = logging.getLogger(__name__)
+
+
+class AckMode(str, enum.Enum):
+    """What the gate tells the acker about each record."""
+
+    FORWARD = "forward"  # new records go on as a child edge that a later stage acks
+    TERMINAL = "terminal"  # the tree ends here: a new record's ack has no children
+    OFF = "off"  # nothing tracks the trees (ingest runs with acking off)
+
+
+@dataclass
+class GateCounts:
+    passed: int = 0
+    dropped: int = 0
+    fast_path: int = 0
+    store_reads: int = 0
+    false_positives: int = 0
+    beyond_horizon: int = 0
+    expired_ids: int = 0
+    forgotten: int = 0
+    dead_letters: int = 0
+
+    def add(self, other: GateCounts) -> None:
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+@dataclass
+class ForgetRequest:
+    record_id: str
+    done: Future[tuple[bool, int]] = field(default_factory=Future)
+
+
+class DedupGate:
+    name = "dedup"
+
+    def __init__(
+        self, output_topic: str, ack_mode: AckMode, rekey: bool, gc_limit: int = 20_000
+    ) -> None:
+        self._output_topic = output_topic
+        self._ack_mode = ack_mode
+        self._rekey = rekey
+        self._gc_limit = gc_limit
+        self.counts = GateCounts()
+        self.forget_requests: queue.Queue[ForgetRequest] = queue.Queue()
+
+    # -- records -------------------------------------------------------------------------------
+
+    def process(self, batch: Batch) -> None:
+        counts = GateCounts()
+        for record in batch.records:
+            self._gate(record, batch, counts)
+        self._count_after_commit(batch, counts)
+
+    def _gate(self, record: Message, batch: Batch, counts: GateCounts) -> None:
+        try:
+            envelope = decode_envelope(record.value() or b"")  # checks record_id too
+        except Exception as exc:  # noqa: BLE001 - any undecodable record is poison, not a crash
+            batch.dead_letter(record, exc)
+            counts.dead_letters += 1
+            return
+        partition = record.partition()
+        state = batch.state(partition)
+        store: DedupStore = state.store  # type: ignore[assignment]
+        key = envelope.record_id.encode()
+        ingest_time = envelope.ingest_time_ms or batch.now_ms
+        store.advance(ingest_time)
+
+        if state.changes.get(key) is not None:
+            duplicate = True  # let through earlier in this batch
+        elif not store.might_contain(envelope.record_id):
+            duplicate = False
+            counts.fast_path += 1
+        else:
+            counts.store_reads += 1
+            duplicate = state.get(key) is not None
+            counts.false_positives += not duplicate
+
+        if duplicate:
+            counts.dropped += 1
+            if self._ack_mode is not AckMode.OFF:
+                batch.ack(envelope)
+            return
+
+        counts.passed += 1
+        if store.beyond_horizon(ingest_time):
+            # Older than the horizon: let through but not remembered (the documented contract).
+            counts.beyond_horizon += 1
+        else:
+            state.put(key, encode_bucket(store.filters.bucket_of(ingest_time)))
+        child_edge = new_id()
+        if self._ack_mode is AckMode.FORWARD:
+            batch.ack(envelope, [child_edge])
+        elif self._ack_mode is AckMode.TERMINAL:
+            batch.ack(envelope)
+        envelope.edge_id = child_edge
+        out_key = envelope.key if self._rekey and envelope.key else record.key()
+        batch.emit(self._output_topic, encode_envelope(envelope), key=out_key)
+
+    # -- punctuation: GC and Forget ------------------------------------------------------------
+
+    def punctuate(self, batch: Batch) -> None:
+        counts = GateCounts()
+        answered: list[tuple[ForgetRequest, bool, int]] = []
+        for partition in batch.owned_partitions:
+            state = batch.state(partition)
+            store: DedupStore = state.store  # type: ignore[assignment]
+            budget = self._gc_limit
+            for bucket in store.expired_buckets():
+                ids = store.bucket_ids(bucket, budget)
+                for record_id in ids:
+                    state.tombstone(record_id)
+                counts.expired_ids += len(ids)
+                budget -= len(ids)
+                if budget <= 0:
+                    break
+        while True:
+            try:
+                request = self.forget_requests.get_nowait()
+            except queue.Empty:
+                break
+            answered.append(self._forget(request, batch, counts))
+
+        def settle() -> None:
+            self.counts.add(counts)
+            metrics.EXPIRED.inc(counts.expired_ids)
+            for request, forgotten, partition in answered:
+                request.done.set_result((forgotten, partition))
+
+        batch.after_commit.append(settle)
+        if counts.expired_ids:
+            log.info("GC: tombstoning %d ids of buckets past the horizon", counts.expired_ids)
+
+    def _forget(self, request: ForgetRequest, batch: Batch, counts: GateCounts) -> tuple[ForgetRequest, bool, int]:
+        key = request.record_id.encode()
+        for partition in batch.owned_partitions:
+            state = batch.state(partition)
+            if state.get(key) is not None:
+                state.tombstone(key)
+                counts.forgotten += 1
+                log.info("forget %r in partition %d (operator request)", request.record_id, partition)
+                return request, True, partition
+        return request, False, -1
+
+    def _count_after_commit(self, batch: Batch, counts: GateCounts) -> None:
+        def count() -> None:
+            self.counts.add(counts)
+            metrics.RECORDS.labels("passed").inc(counts.passed)
+            metrics.RECORDS.labels("dropped").inc(counts.dropped)
+            metrics.FAST_PATH.inc(counts.fast_path)
+            metrics.STORE_READS.inc(counts.store_reads)
+            metrics.FALSE_POSITIVES.inc(counts.false_positives)
+
+        batch.after_commit.append(count)

@@ -1,0 +1,11 @@
+"""The gate's own Prometheus metrics (the loop's shared ones carry service="dedup")."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter
+
+RECORDS = Counter("onceflow_dedup_records_total", "Records through the gate", ["outcome"])
+FAST_PATH = Counter("onceflow_dedup_fast_path_total", "New records proven new by the Bloom filters alone")
+STORE_READS = Counter("onceflow_dedup_store_reads_total", "Exact-store lookups after a filter said maybe")
+FALSE_POSITIVES = Counter("onceflow_dedup_false_positives_total", "Maybe answers the exact store proved new")
+EXPIRED = Counter("onceflow_dedup_expired_ids_total", "Ids dropped by GC past the horizon")

@@ -1,0 +1,69 @@
+"""Composition: settings -> DedupGate on the shared loop, with a Redis-backed DedupStore per
+owned partition -> gRPC (Admin + DedupAdmin + health)."""
+
+from __future__ import annotations
+
+import functools
+
+from onceflow.admin import ServiceServer
+from onceflow.admin.loop_controls import LoopControls
+from onceflow.kafka.inspect import partitions_of
+from onceflow.runner import run_loop_service
+from onceflow.txn import TransactionalLoop
+from onceflow.v1 import dedup_pb2, dedup_pb2_grpc
+
+from onceflow_dedup import store as exact
+from onceflow_dedup.admin import DedupAdminServicer
+from onceflow_dedup.config import DedupSettings
+from onceflow_dedup.gate import DedupGate
+
+
+def build(settings: DedupSettings) -> tuple[TransactionalLoop, ServiceServer]:
+    common = settings.common
+    client = exact.connect(common.redis_url)
+    client.ping()  # fail at startup, with the URL in the error, rather than at the first record
+    spec = settings.spec
+    gate = DedupGate(common.topic("dedup.records"), settings.ack_mode, settings.rekey, settings.gc_limit)
+    input_topic = common.topic("ingest.records")
+    loop = TransactionalLoop(
+        stage=gate,
+        common=common,
+        settings=settings.loop,
+        input_topic=input_topic,
+        group_id=settings.group_id,
+        transactional_id=settings.transactional_id,
+        dlq_topic=common.topic("dedup.dlq"),
+        changelog_topic=common.topic("dedup.changelog"),
+        store_factory=lambda partition: exact.DedupStore(
+            client, common.topic_prefix, partition, spec, use_filters=settings.filters_enabled
+        ),
+    )
+    assert loop.stores is not None
+    stores = loop.stores
+    input_partitions = functools.cache(lambda: len(partitions_of(common, input_topic)))
+    admin = DedupAdminServicer(gate, stores, client, common.topic_prefix, spec, input_partitions)
+
+    def gauges() -> dict[str, float]:
+        owned = stores.items()
+        return {
+            "passed": float(gate.counts.passed),
+            "dropped": float(gate.counts.dropped),
+            "filter_buckets": float(sum(len(s.filters.buckets) for _p, s in owned)),  # type: ignore[attr-defined]
+        }
+
+    server = ServiceServer(
+        service="dedup",
+        instance=settings.instance,
+        host=settings.host,
+        port=settings.port,
+        controls=LoopControls(loop, gauges),
+        admin_token=common.admin_token,
+        add_servicers=lambda server: dedup_pb2_grpc.add_DedupAdminServicer_to_server(admin, server),
+        service_names=(dedup_pb2.DESCRIPTOR.services_by_name["DedupAdmin"].full_name,),
+    )
+    return loop, server
+
+
+def run(settings: DedupSettings) -> int:
+    loop, server = build(settings)
+    return run_loop_service(loop, server, settings.metrics_port, settings.host)
