@@ -5,7 +5,6 @@
 # this only runs `tilt version` and exits. See docs/decisions/0004-tilt-from-source.md.
 #
 #   infra/tilt/install.sh            # or: make tilt
-#   TILT_WEB_UI=0 infra/tilt/install.sh   # skip the web UI (no node needed; terminal HUD only)
 set -euo pipefail
 
 # v0.34.0 is the newest Tilt release the module proxy serves here; its go.mod asks for go 1.23.
@@ -14,7 +13,6 @@ TILT_VERSION="${TILT_VERSION:-0.34.0}"
 # proxy has no record for Tilt, so it is skipped for this one module and this pin checked
 # instead; every dependency is still verified against Tilt's own go.sum.
 TILT_SUM="${TILT_SUM:-h1:oJAAkIiV34TEdlNqjDWkKG29hsAln7Ao28F+RTEZN24=}"
-TILT_WEB_UI="${TILT_WEB_UI:-1}"
 GO_MIN=1.23
 # Fetched only when `go` on PATH is missing or older than GO_MIN.
 GO_VERSION="${GO_VERSION:-1.24.13}"
@@ -80,34 +78,31 @@ if [[ "$(field Sum)" != "$TILT_SUM" ]]; then
 fi
 src="$tools/src/tilt-$TILT_VERSION"
 if [[ ! -f "$src/.copied" ]]; then
-    rm -rf "$src" && mkdir -p "$tools/src"
+    rm -rf "$src" && mkdir -p "$tools/src"   # a fresh copy; a failed build resumes from here
     cp -r "$(field Dir)" "$src"
     chmod -R u+w "$src"          # the module cache is read-only
     rm -rf "$src/vendor"         # only modules.txt ships; it would force -mod=vendor
     touch "$src/.copied"
 fi
 
-if [[ "$TILT_WEB_UI" != 0 ]]; then
-    # Tilt's `make build-js`: the UI's own pinned yarn (web/.yarn/releases) installs from the
-    # npm registry; the result is embedded (go:embed) from pkg/assets/build.
-    if [[ ! -f "$src/pkg/assets/build/index.html" ]]; then
-        command -v node >/dev/null || { echo "install.sh: the web UI needs node (or TILT_WEB_UI=0)" >&2; exit 1; }
-        echo "install.sh: building Tilt's web UI (yarn install + build)" >&2
-        yarn=("node" "$src/web/$(sed -n 's/^yarnPath: //p' "$src/web/.yarnrc.yml")")
-        (cd "$src/web" && "${yarn[@]}" install --immutable && CI=false "${yarn[@]}" build)
-        cp -r "$src/web/build/." "$src/pkg/assets/build/"
-    fi
-    # A version stamp makes Tilt serve the embedded UI (prod web mode).
-    stamp=(-X "main.version=$TILT_VERSION" -X "main.date=$(field Time)")
-else
-    # No stamp: Tilt then calls itself a dev build ("v0.33.22-dev", its source's constant)
-    # and does not look for embedded assets it does not have.
-    stamp=(-X "github.com/tilt-dev/tilt/internal/cli.commitSHA=v$TILT_VERSION")
+# Tilt's `make build-js`: the UI's own pinned yarn (web/.yarn/releases) installs from the npm
+# registry and builds; Go embeds the result (go:embed) from pkg/assets/build. The module zip
+# has no built UI, and without one a version-stamped Tilt refuses to start.
+if [[ ! -f "$src/pkg/assets/build/index.html" ]]; then
+    command -v node >/dev/null || { echo "install.sh: building Tilt's web UI needs node" >&2; exit 1; }
+    echo "install.sh: building Tilt's web UI (yarn install + build, a few minutes)" >&2
+    yarn=(node "$src/web/$(sed -n 's/^yarnPath: //p' "$src/web/.yarnrc.yml")")
+    (cd "$src/web" && export YARN_ENABLE_TELEMETRY=0 YARN_CHECKSUM_BEHAVIOR=throw &&
+        "${yarn[@]}" install --immutable && CI=false "${yarn[@]}" build)
+    cp -r "$src/web/build/." "$src/pkg/assets/build/"
 fi
 
 echo "install.sh: building tilt v$TILT_VERSION with $("$go_bin" env GOVERSION) (minutes on a cold cache)" >&2
 mkdir -p "$tools/bin"
-(cd "$src" && "$go_bin" build -mod=readonly -tags osusergo -ldflags "-s -w ${stamp[*]}" \
-    -o "$tilt.new" ./cmd/tilt)
+# As Tilt's release build: osusergo, stripped, version and date stamped (which also makes
+# Tilt serve the embedded UI rather than look for a dev server).
+(cd "$src" && "$go_bin" build -mod=readonly -tags osusergo \
+    -ldflags "-s -w -X main.version=$TILT_VERSION -X main.date=$(field Time)" -o "$tilt.new" ./cmd/tilt)
 mv "$tilt.new" "$tilt"
+rm -rf "$src"   # only needed again for another version; its web/node_modules are large
 "$tilt" version

@@ -3,6 +3,8 @@
 ``ONCEFLOW_FAULT`` holds comma-separated rules:
 
 - ``<point>@<n>``: SIGKILL this process the n-th time it reaches ``<point>``;
+- ``<point>@<n>:stop``: SIGSTOP it there instead, to make a zombie at an exact gap (a test
+  starts the replacement, then SIGCONTs it);
 - ``random@<probability>@<seed>``: SIGKILL at any point with that probability per hit.
 
 A crash is ``kill -9`` of our own pid: no finally blocks, no flushes, exactly what an operator's
@@ -31,6 +33,7 @@ log = logging.getLogger(__name__)
 class _Rules:
     def __init__(self, spec: str) -> None:
         self.at_hit: dict[str, int] = {}
+        self.signal_at: dict[str, signal.Signals] = {}
         self.probability = 0.0
         self.rng = random.Random()
         for rule in filter(None, (part.strip() for part in spec.split(","))):
@@ -40,7 +43,9 @@ class _Rules:
                 self.probability = float(probability)
                 self.rng.seed(int(seed or 0))
             else:
-                self.at_hit[name] = int(rest or 1)
+                count, _, action = rest.partition(":")
+                self.at_hit[name] = int(count or 1)
+                self.signal_at[name] = signal.SIGSTOP if action == "stop" else signal.SIGKILL
         self.hits: Counter[str] = Counter()
 
 
@@ -52,11 +57,16 @@ def point(name: str) -> None:
     if not _rules.at_hit and not _rules.probability:
         return
     _rules.hits[name] += 1
-    if _rules.at_hit.get(name) == _rules.hits[name] or (
-        _rules.probability and _rules.rng.random() < _rules.probability
-    ):
-        log.warning("fault injection: kill -9 at %s (hit %d)", name, _rules.hits[name])
-        os.kill(os.getpid(), signal.SIGKILL)
+    if _rules.at_hit.get(name) == _rules.hits[name]:
+        sig = _rules.signal_at[name]
+    elif _rules.probability and _rules.rng.random() < _rules.probability:
+        sig = signal.SIGKILL
+    else:
+        return
+    log.warning("fault injection: %s at %s (hit %d)", sig.name, name, _rules.hits[name])
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    os.kill(os.getpid(), sig)
 
 
 def reload(spec: str | None = None) -> None:

@@ -59,6 +59,13 @@ class ServiceProcess:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGSTOP)
 
+    def stopped(self) -> bool:
+        """True while the process is stopped (SIGSTOP): state T in /proc."""
+        if not self.alive():
+            return False
+        stat = Path(f"/proc/{self.pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
+
     def sigcont(self) -> None:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGCONT)

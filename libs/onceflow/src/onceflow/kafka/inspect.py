@@ -77,6 +77,17 @@ def hanging_transactions(common: CommonSettings, topics: Iterable[str], wait_s: 
         time.sleep(0.5)
 
 
+def committed_offsets(common: CommonSettings, group_id: str, topic: str) -> dict[int, int]:
+    """partition -> the group's committed offset (-1001 when none). A consumer that never
+    subscribes only asks the coordinator; it does not join the group."""
+    reader = clients.consumer(common, group_id)
+    try:
+        asked = [TopicPartition(topic, p) for p in partitions_of(common, topic)]
+        return {tp.partition: tp.offset for tp in reader.committed(asked, timeout=10)}
+    finally:
+        reader.close()
+
+
 def read_committed(
     common: CommonSettings,
     topic: str,
