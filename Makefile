@@ -2,6 +2,8 @@
 # works alone on a fresh clone. Every step is idempotent and cached.
 SHELL := /bin/bash
 UV_VERSION := 0.13.8
+# Tilt is built from source by infra/tilt/install.sh, which pins each version's checksum.
+TILT_VERSION := 0.34.0
 TOOLS := .tools
 UV := $(TOOLS)/uv-venv/bin/uv
 PY := .venv/bin/python
@@ -31,6 +33,11 @@ kafka-jars: venv
 
 redis:
 	@command -v redis-server >/dev/null || infra/redis/install.sh
+
+# Tilt in .tools/bin, built from the Go module proxy and the npm registry (cold: ~10 min).
+.PHONY: tilt
+tilt:
+	TILT_VERSION=$(TILT_VERSION) infra/tilt/install.sh
 
 infra-up: setup
 	$(ONCEFLOW) infra up

@@ -72,9 +72,11 @@ class Deployment:
 def send_with_client_retries(address: str, batch: list[Item], retried: list[Item], size: int, pause_s: float) -> None:
     """Each item once, plus ``retried`` again later, as a client whose replies were lost would."""
     rng = random.Random(11)
-    stream = list(batch)
-    for item in retried:
-        stream.insert(rng.randrange(stream.index(item) + 1, len(stream) + 1), item)
+    position = {item.record_id: index for index, item in enumerate(batch)}
+    # (slot, tiebreak, item): a retry lands at a random slot after its first send.
+    slots = [(index, 0, item) for index, item in enumerate(batch)]
+    slots += [(rng.uniform(position[i.record_id], len(batch)), 1, i) for i in retried]
+    stream = [item for _slot, _tie, item in sorted(slots, key=lambda s: (s[0], s[1]))]
     with IngestClient(address, RetryPolicy(max_attempts=500)) as client:
         for start in range(0, len(stream), size):
             chunk = stream[start : start + size]

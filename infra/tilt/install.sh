@@ -7,15 +7,19 @@
 #   infra/tilt/install.sh            # or: make tilt
 set -euo pipefail
 
-# v0.34.0 is the newest Tilt release the module proxy serves here; its go.mod asks for go 1.23.
+# The Makefile's TILT_VERSION. v0.34.0 is the newest Tilt release the module proxy serves
+# here; its go.mod asks for go 1.23.
 TILT_VERSION="${TILT_VERSION:-0.34.0}"
-# go.sum hash (h1:) of that module zip; change both together. The checksum database behind the
-# proxy has no record for Tilt, so it is skipped for this one module and this pin checked
-# instead; every dependency is still verified against Tilt's own go.sum.
-TILT_SUM="${TILT_SUM:-h1:oJAAkIiV34TEdlNqjDWkKG29hsAln7Ao28F+RTEZN24=}"
+# go.sum hash (h1:) of each vetted release's module zip. The checksum database behind the proxy
+# has no record for Tilt, so it is skipped for this one module and this pin checked instead;
+# every dependency is still verified against Tilt's own go.sum.
+case "$TILT_VERSION" in
+    0.34.0) TILT_SUM="h1:oJAAkIiV34TEdlNqjDWkKG29hsAln7Ao28F+RTEZN24=" ;;
+    *) echo "install.sh: no checksum pinned for tilt $TILT_VERSION; add its h1: sum here" >&2; exit 1 ;;
+esac
 GO_MIN=1.23
-# Fetched only when `go` on PATH is missing or older than GO_MIN.
-GO_VERSION="${GO_VERSION:-1.24.13}"
+# Fetched into .tools only when `go` on PATH is missing or older than GO_MIN.
+GO_VERSION=1.24.13
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 tools="$root/.tools"
@@ -39,22 +43,32 @@ if command -v go >/dev/null; then
     fi
 fi
 if [[ -z "$go_bin" ]]; then
-    # The same zip the go command fetches when it switches toolchains: module
-    # golang.org/toolchain, taken from the first proxy in GOPROXY (go's default if unset).
-    os="$(uname -s | tr '[:upper:]' '[:lower:]')"
-    case "$(uname -m)" in
-        x86_64 | amd64) arch=amd64 ;;
-        aarch64 | arm64) arch=arm64 ;;
-        *) echo "install.sh: unsupported machine $(uname -m)" >&2; exit 1 ;;
+    # The same zip the go command fetches when it switches toolchains (module
+    # golang.org/toolchain), checked against its go.sum hash as go would. The module proxy
+    # here serves only the linux-amd64 build; elsewhere, install go >= GO_MIN yourself.
+    platform="$(uname -s | tr '[:upper:]' '[:lower:]')-$(uname -m | sed 's/x86_64/amd64/')"
+    case "$GO_VERSION-$platform" in
+        1.24.13-linux-amd64) go_sum="h1:5sgfUhn9QCgVl4UYj32GrIYFHI3bi2UX55tNfupXwxc=" ;;
+        *) echo "install.sh: needs go >= $GO_MIN on PATH (no Go $GO_VERSION pinned for $platform)" >&2; exit 1 ;;
     esac
     goroot="$tools/go-$GO_VERSION"
     if [[ ! -x "$goroot/bin/go" ]]; then
-        proxy="${GOPROXY:-https://proxy.golang.org,direct}"
+        proxy="${GOPROXY:-$(go env GOPROXY 2>/dev/null || true)}"   # an older go's setting
+        proxy="${proxy:-https://proxy.golang.org,direct}"              # else go's default
         proxy="${proxy%%[,|]*}"
         [[ "$proxy" == http* ]] || { echo "install.sh: first GOPROXY entry is not a URL: $proxy" >&2; exit 1; }
-        mod="v0.0.1-go$GO_VERSION.$os-$arch"
-        echo "install.sh: downloading Go $GO_VERSION ($os-$arch) from the module proxy" >&2
+        mod="v0.0.1-go$GO_VERSION.$platform"
+        echo "install.sh: downloading Go $GO_VERSION ($platform) from the module proxy" >&2
         curl -fsSL --retry 3 -o "$tmp/go.zip" "$proxy/golang.org/toolchain/@v/$mod.zip"
+        # go.sum's h1: hash of a module zip (dirhash.Hash1 in golang.org/x/mod).
+        got="$(python3 - "$tmp/go.zip" <<'PY'
+import base64, hashlib, sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+lines = "".join(f"{hashlib.sha256(z.read(n)).hexdigest()}  {n}\n" for n in sorted(z.namelist()))
+print("h1:" + base64.b64encode(hashlib.sha256(lines.encode()).digest()).decode())
+PY
+)"
+        [[ "$got" == "$go_sum" ]] || { echo "install.sh: Go zip has sum $got, expected $go_sum" >&2; exit 1; }
         unzip -q "$tmp/go.zip" -d "$tmp/go"
         mkdir -p "$tools"
         rm -rf "$goroot"
@@ -99,10 +113,11 @@ fi
 
 echo "install.sh: building tilt v$TILT_VERSION with $("$go_bin" env GOVERSION) (minutes on a cold cache)" >&2
 mkdir -p "$tools/bin"
+date="$(sed -n 's/.*"Time": *"\([^"]*\)".*/\1/p' "$(field Info)")"   # the release's tag time
 # As Tilt's release build: osusergo, stripped, version and date stamped (which also makes
 # Tilt serve the embedded UI rather than look for a dev server).
 (cd "$src" && "$go_bin" build -mod=readonly -tags osusergo \
-    -ldflags "-s -w -X main.version=$TILT_VERSION -X main.date=$(field Time)" -o "$tilt.new" ./cmd/tilt)
+    -ldflags "-s -w -X main.version=$TILT_VERSION -X main.date=$date" -o "$tilt.new" ./cmd/tilt)
 mv "$tilt.new" "$tilt"
-rm -rf "$src"   # only needed again for another version; its web/node_modules are large
+rm -rf "$src" && rmdir "$tools/src" 2>/dev/null || true   # its web/node_modules are large
 "$tilt" version

@@ -17,6 +17,8 @@ pytestmark = pytest.mark.foundation
         (KafkaError(KafkaError._FENCED, fatal=True), TxnErrorClass.FATAL),
         (KafkaError(KafkaError.PRODUCER_FENCED), TxnErrorClass.FATAL),
         (KafkaError(KafkaError.INVALID_PRODUCER_EPOCH), TxnErrorClass.FATAL),
+        # Fatal for the producer object after a broker restart, but nobody fenced us: recreate.
+        (KafkaError(KafkaError.INVALID_TXN_STATE, fatal=True), TxnErrorClass.INDEFINITE),
         (KafkaError(KafkaError._STATE, txn_requires_abort=True), TxnErrorClass.ABORTABLE),
         (KafkaError(KafkaError._TIMED_OUT, retriable=True), TxnErrorClass.INDEFINITE),
         (KafkaError(KafkaError.COORDINATOR_LOAD_IN_PROGRESS, retriable=True), TxnErrorClass.RETRIABLE),
@@ -34,6 +36,17 @@ def test_fault_rules_count_hits():
         faults.point("after_produce")
         faults.point("after_produce")
         assert faults._rules.hits["after_produce"] == 2
+    finally:
+        faults.reload("")
+
+
+def test_fault_stop_action_parses():
+    import signal
+
+    faults.reload("after_commit@15:stop,before_produce@2")
+    try:
+        assert faults._rules.at_hit == {"after_commit": 15, "before_produce": 2}
+        assert faults._rules.signal_at == {"after_commit": signal.SIGSTOP, "before_produce": signal.SIGKILL}
     finally:
         faults.reload("")
 

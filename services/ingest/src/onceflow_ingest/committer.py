@@ -93,6 +93,7 @@ class GroupCommitter:
         self._space = threading.Condition(self._lock)
         self._closing = threading.Event()
         self.fenced = threading.Event()
+        self.died = threading.Event()
         self.stats = CommitterStats()
         self._producer = TransactionalProducer(common, transactional_id, call_timeout_s, stop=self._closing)
         self._thread = threading.Thread(target=self._run, name="ingest-committer", daemon=True)
@@ -134,6 +135,16 @@ class GroupCommitter:
         self._thread.join(timeout_s)
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException:
+            # Never leave a process that accepts calls but cannot commit: the service exits.
+            log.exception("the committer thread died")
+            self.died.set()
+            self._fail_queued(NotCommitted("the ingest committer stopped"))
+            raise
+
+    def _serve(self) -> None:
         while True:
             try:
                 first = self._queue.get(timeout=0.1)

@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 EXIT_OK = 0
 EXIT_FENCED = 3
+EXIT_FAILED = 1
 
 
 class IngestService:
@@ -142,6 +143,10 @@ class IngestService:
         )
         code = EXIT_OK
         while not self._stop.wait(0.2):
+            if self.committer.died.is_set():
+                log.error("the committer died (see above); exiting so a supervisor restarts ingest")
+                code = EXIT_FAILED
+                break
             if self.committer.fenced.is_set() or LOOP_FENCED in replay_exit:
                 log.error("fenced by a newer instance; exiting")
                 code = EXIT_FENCED
@@ -154,5 +159,5 @@ class IngestService:
             replay_thread.join(30)
         if self.watcher is not None:
             self.watcher.stop()
-        log.info("stopped cleanly" if code == EXIT_OK else "stopped after being fenced")
+        log.info({EXIT_OK: "stopped cleanly", EXIT_FENCED: "stopped after being fenced"}.get(code, "stopped after a failure"))
         return code

@@ -12,11 +12,13 @@ from google.protobuf.message import Message
 from rich.console import Console
 from rich.table import Table
 
-from onceflow.v1 import acker_pb2, acker_pb2_grpc, admin_pb2, admin_pb2_grpc
+from onceflow.v1 import acker_pb2, acker_pb2_grpc, admin_pb2, admin_pb2_grpc, dedup_pb2, dedup_pb2_grpc
 
 app = typer.Typer(no_args_is_help=True, help="Operate running services (gRPC admin calls).")
 acker_app = typer.Typer(no_args_is_help=True, help="The acker's own calls: stats, tree, pending.")
 app.add_typer(acker_app, name="acker")
+dedup_app = typer.Typer(no_args_is_help=True, help="The dedup gate's own calls: check, stats, forget.")
+app.add_typer(dedup_app, name="dedup")
 console = Console()
 
 Address = Annotated[str, typer.Option("--address", "-a", help="host:port of the service")]
@@ -92,3 +94,38 @@ def acker_pending(
     for tree in reply.trees:
         table.add_row(str(tree.root_id), tree.origin.record_id, str(tree.attempt), str(tree.age_ms), str(tree.init_seen), str(tree.failed))
     console.print(table)
+
+
+@dedup_app.command("check")
+def dedup_check(
+    record_id: Annotated[str, typer.Argument(help="The record id to look up.")],
+    address: Address = "127.0.0.1:50053",
+    as_json: Json = False,
+) -> None:
+    """Whether the gate would drop a new copy of RECORD_ID, and until when."""
+    request = dedup_pb2.CheckRequest(record_id=record_id)
+    reply = _call(address, lambda ch: dedup_pb2_grpc.DedupAdminStub(ch).Check(request, timeout=TIMEOUT_S))
+    _print(reply, as_json)
+
+
+@dedup_app.command("stats")
+def dedup_stats(address: Address = "127.0.0.1:50053", as_json: Json = False) -> None:
+    """Passed, dropped, fast-path ratio, store reads, measured vs configured false positives."""
+    reply = _call(address, lambda ch: dedup_pb2_grpc.DedupAdminStub(ch).Stats(dedup_pb2.DedupStatsRequest(), timeout=TIMEOUT_S))
+    _print(reply, as_json)
+
+
+@dedup_app.command("forget")
+def dedup_forget(
+    record_id: Annotated[str, typer.Argument(help="The record id to forget.")],
+    address: Address = "127.0.0.1:50053",
+    token: Annotated[str, typer.Option(envvar="ONCEFLOW_ADMIN_TOKEN", help="Admin bearer token.")] = "",
+    as_json: Json = False,
+) -> None:
+    """Drop RECORD_ID from the gate's exact store (a committed tombstone), so it can be re-driven."""
+    request = dedup_pb2.ForgetRequest(record_id=record_id)
+    metadata = [("authorization", f"Bearer {token}")] if token else []
+    reply = _call(
+        address, lambda ch: dedup_pb2_grpc.DedupAdminStub(ch).Forget(request, metadata=metadata, timeout=TIMEOUT_S * 8)
+    )
+    _print(reply, as_json)

@@ -43,8 +43,13 @@ def classify(exc: BaseException) -> TxnErrorClass:
     err = kafka_error(exc)
     if err is None:
         return TxnErrorClass.ABORTABLE
-    if err.fatal() or err.code() in FENCED_CODES:
+    if err.code() in FENCED_CODES:
         return TxnErrorClass.FATAL
+    if err.fatal():
+        # Fatal for this producer object, not a newer owner (e.g. INVALID_TXN_STATE after a
+        # broker restart): only a new producer helps, and its init_transactions settles the
+        # old transaction. A real zombie still meets a fencing code on its next call.
+        return TxnErrorClass.INDEFINITE
     if err.txn_requires_abort():
         return TxnErrorClass.ABORTABLE
     if err.code() == KafkaError._TIMED_OUT:
