@@ -25,3 +25,10 @@ ENV ONCEFLOW_ACKER_HOST=0.0.0.0
 EXPOSE 50052 9102
 HEALTHCHECK CMD ["/app/.venv/bin/onceflow", "health", "127.0.0.1:50052"]
 CMD ["/app/.venv/bin/onceflow-acker"]
+
+FROM base AS dedup
+RUN uv sync --locked --no-dev --package onceflow-dedup
+ENV ONCEFLOW_DEDUP_HOST=0.0.0.0
+EXPOSE 50053 9103
+HEALTHCHECK CMD ["/app/.venv/bin/onceflow", "health", "127.0.0.1:50053"]
+CMD ["/app/.venv/bin/onceflow-dedup"]

@@ -16,7 +16,7 @@ from confluent_kafka import Producer
 
 from onceflow.client import IngestClient, RetryPolicy
 from onceflow.codec import decode_envelope
-from onceflow.kafka.inspect import committed_offsets
+from onceflow.kafka.inspect import consumed_everything
 from onceflow.txn.loop import EXIT_FENCED
 from onceflow.v1 import dedup_pb2, dedup_pb2_grpc
 from onceflow.v1.acker_pb2 import RecordRef, TreeEvent
@@ -105,16 +105,10 @@ def inject_timeouts(pipe: Pipeline, record_ids: set[str]) -> int:
 
 
 def wait_gate_caught_up(pipe: Pipeline, timeout_s: float = 240) -> None:
-    """Until the gate's group has committed past the last committed record of every partition
-    of ingest.records (the end offset itself may be a transaction marker's)."""
-    def caught_up() -> bool:
-        needed: dict[int, int] = {}
-        for record in checker.read_committed(pipe.common, pipe.topic("ingest.records")):
-            needed[record.partition] = max(needed.get(record.partition, 0), record.offset + 1)
-        committed = committed_offsets(pipe.common, pipe.topic(GROUP), pipe.topic("ingest.records"))
-        return all(committed.get(p, -1) >= offset for p, offset in needed.items())
-
-    eventually(caught_up, timeout_s, "the gate to commit up to the end of ingest.records", interval_s=2.0)
+    eventually(
+        lambda: consumed_everything(pipe.common, pipe.topic(GROUP), pipe.topic("ingest.records")),
+        timeout_s, "the gate to commit past the last record of ingest.records", interval_s=2.0,
+    )
 
 
 def check_exactly_once_and_converged(pipe: Pipeline, expected: list[str]) -> None:

@@ -53,7 +53,10 @@ class BloomBuckets:
         return self.bucket_of(ingest_time_ms) + self.spec.horizon_ms <= self.bucket_of(stream_time_ms)
 
     def might_contain(self, record_id: str) -> bool:
-        return any(record_id in bloom for bloom in self._filters.values())
+        for bloom in self._filters.values():
+            if record_id in bloom:
+                return True
+        return False
 
     def add(self, record_id: str, ingest_time_ms: int) -> int:
         bucket = self.bucket_of(ingest_time_ms)

@@ -46,17 +46,22 @@ if tonumber(ARGV[1]) ~= newest then
 end
 for i = 3, #ARGV, 2 do
   local id, bucket = ARGV[i], ARGV[i + 1]
-  local old = redis.call('HGET', ids, id)
-  if old and old ~= bucket then
-    local old_key = bucket_prefix .. old
-    redis.call('SREM', old_key, id)
-    if redis.call('SCARD', old_key) == 0 then redis.call('DEL', old_key) end
-  end
-  if bucket == '' then
-    if old then redis.call('HDEL', ids, id) end
-  else
-    redis.call('HSET', ids, id, bucket)
+  -- The common case, a new id, costs two commands.
+  if bucket ~= '' and redis.call('HSETNX', ids, id, bucket) == 1 then
     redis.call('SADD', bucket_prefix .. bucket, id)
+  else
+    local old = redis.call('HGET', ids, id)
+    if old and old ~= bucket then
+      local old_key = bucket_prefix .. old
+      redis.call('SREM', old_key, id)
+      if redis.call('SCARD', old_key) == 0 then redis.call('DEL', old_key) end
+    end
+    if bucket == '' then
+      if old then redis.call('HDEL', ids, id) end
+    elseif old ~= bucket then
+      redis.call('HSET', ids, id, bucket)
+      redis.call('SADD', bucket_prefix .. bucket, id)
+    end
   end
 end
 if ARGV[2] ~= '' then

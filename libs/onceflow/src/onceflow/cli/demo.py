@@ -1,9 +1,11 @@
 """`onceflow demo`: the main job, end to end on real parts.
 
-Today (foundation): start Kafka and Redis, start an ingest instance, push a generated workload
-through it with concurrent clients, some of which retry batches they already sent (as a client
-does after a lost reply), then read ingest.records back read_committed and account for every
-record: nothing missing, and every duplicate explained by a client retry."""
+Today: start Kafka and Redis, then ingest (acking on), the acker and the dedup gate (the trees end
+at the gate until compute lands). Push a generated workload through ingest with concurrent
+clients, some of which retry batches they already sent (as a client does after a lost reply).
+Then read the topics back read_committed and account for every record: ingest.records holds
+every accepted record (duplicates only from client retries), and dedup.records holds each
+record_id exactly once."""
 
 from __future__ import annotations
 
@@ -81,21 +83,29 @@ def demo(
     console.print("infra: [green]up[/] (Kafka", common.kafka_bootstrap, "· Redis", common.redis_url + ")")
 
     topic = common.topic("ingest.records")
+    gate_topic = common.topic("dedup.records")
     start = {p: lso for p, (lso, _hw) in inspect.end_offsets(common, topic).items()}
-    port = _free_port()
+    gate_start = {p: lso for p, (lso, _hw) in inspect.end_offsets(common, gate_topic).items()}
     log_dir = Path(tempfile.mkdtemp(prefix="onceflow-demo-"))
-    ingest = ServiceProcess(
-        "ingest", "onceflow_ingest",
-        {"ONCEFLOW_INGEST_PORT": str(port), "ONCEFLOW_INGEST_METRICS_PORT": "0", "ONCEFLOW_INGEST_INSTANCE": "demo",
-         # No stage acks the records yet (the dedup gate will): without acking, nothing times out.
-         "ONCEFLOW_INGEST_ACKING": "false"},
-        log_dir, cwd=repo_root(),
-    )
-    address = f"127.0.0.1:{port}"
-    ingest.start()
+    services = []
+    addresses = {}
+    for name, module, env in (
+        ("acker", "onceflow_acker", {"ONCEFLOW_ACKER_INSTANCE": "demo"}),
+        # Nothing acks after the gate yet (compute will), so the trees end there.
+        ("dedup", "onceflow_dedup", {"ONCEFLOW_DEDUP_INSTANCE": "demo", "ONCEFLOW_DEDUP_ACK_MODE": "terminal"}),
+        ("ingest", "onceflow_ingest", {"ONCEFLOW_INGEST_INSTANCE": "demo"}),
+    ):
+        port = _free_port()
+        prefix = f"ONCEFLOW_{name.upper()}_"
+        env |= {f"{prefix}PORT": str(port), f"{prefix}METRICS_PORT": "0"}
+        services.append(ServiceProcess(name, module, env, log_dir, cwd=repo_root()))
+        addresses[name] = f"127.0.0.1:{port}"
+    address = addresses["ingest"]
     try:
-        ingest.wait_healthy(address)
-        console.print(f"ingest: [green]serving[/] on {address} (log {ingest.log_path})")
+        for service in services:
+            service.start()
+            service.wait_healthy(addresses[service.name])
+            console.print(f"{service.name}: [green]serving[/] on {addresses[service.name]} (log {service.log_path})")
         run_id = f"demo-{int(time.time())}"
         rng = random.Random(seed)
         all_batches = [
@@ -133,9 +143,10 @@ def demo(
 
         with console.status("reading ingest.records back (read_committed) ..."):
             committed = inspect.read_committed(common, topic, start=start)
-        seen = Counter(
-            rid for rid in (decode_envelope(r.value).record_id for r in committed) if rid.startswith(run_id + "-")
-        )
+        envelopes = [e for e in (decode_envelope(r.value) for r in committed) if e.record_id.startswith(run_id + "-")]
+        # Attempt 1 is what clients sent; later attempts are ingest's replays of timed-out trees.
+        seen = Counter(e.record_id for e in envelopes if e.attempt == 1)
+        replays = sum(e.attempt > 1 for e in envelopes)
         expected = {f"{run_id}-{i}" for i in range(records)}
         missing = expected - set(seen)
         duplicated = {rid for rid, n in seen.items() if n > 1}
@@ -160,13 +171,42 @@ def demo(
         console.print(table)
         if missing or unexplained or hanging:
             raise typer.Exit(_fail("records were lost, duplicated without a retry, or left hanging"))
+
+        with console.status("waiting for the dedup gate to pass everything ..."):
+            deadline = time.monotonic() + 300
+            while not inspect.consumed_everything(common, common.topic("onceflow-dedup"), topic):
+                if time.monotonic() > deadline:
+                    raise typer.Exit(_fail("the dedup gate did not catch up within 300s"))
+                time.sleep(1.0)
+            passed = inspect.read_committed(common, gate_topic, start=gate_start)
+        through = Counter(
+            rid for rid in (decode_envelope(r.value).record_id for r in passed) if rid.startswith(run_id + "-")
+        )
+        gate_missing = expected - set(through)
+        gate_duplicated = {rid for rid, n in through.items() if n > 1}
+        gate_hanging = inspect.hanging_transactions(common, [gate_topic])
+        table = Table(title="dedup.records, read_committed", show_header=False)
+        for name, value in [
+            ("copies that reached the gate", f"{len(envelopes):,} ({replays:,} of them ingest replays)"),
+            ("dropped as duplicates", f"{len(envelopes) - sum(through.values()):,}"),
+            ("records let through", f"{sum(through.values()):,}"),
+            ("missing", f"{len(gate_missing):,}"),
+            ("duplicated", f"{len(gate_duplicated):,}"),
+            ("hanging transactions", str(sum(len(p) for p in gate_hanging.values()))),
+        ]:
+            table.add_row(name, value)
+        console.print(table)
+        if gate_missing or gate_duplicated or gate_hanging:
+            raise typer.Exit(_fail("the dedup gate lost, duplicated or left hanging records"))
         console.print(
-            "[green]ok[/]: every accepted record is in ingest.records; the duplicates are the client "
-            "re-sends, which the dedup gate will drop."
+            "[green]ok[/]: every accepted record is in ingest.records (duplicates only from client "
+            "re-sends), and dedup.records holds each record_id exactly once."
         )
     finally:
-        code = ingest.terminate()
-        console.print(f"ingest stopped (exit {code}); infra keeps running: `onceflow infra down` stops it")
+        for service in reversed(services):
+            code = service.terminate() if service.alive() else service.proc.returncode if service.proc else None
+            console.print(f"{service.name} stopped (exit {code})")
+        console.print("infra keeps running: `onceflow infra down` stops it")
 
 
 def _fail(message: str) -> int:

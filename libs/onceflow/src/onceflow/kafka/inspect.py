@@ -88,6 +88,14 @@ def committed_offsets(common: CommonSettings, group_id: str, topic: str) -> dict
         reader.close()
 
 
+def consumed_everything(common: CommonSettings, group_id: str, topic: str) -> bool:
+    """Whether the group has committed past every committed record of ``topic``. Not "offset
+    == end offset": the end may be a transaction marker's offset, which no consumer commits
+    past, so this reads what lies after the group's offsets instead."""
+    committed = committed_offsets(common, group_id, topic)
+    return not read_committed(common, topic, start={p: max(o, 0) for p, o in committed.items()})
+
+
 def read_committed(
     common: CommonSettings,
     topic: str,

@@ -24,6 +24,10 @@ _RETRIES = 5
 DeliveryCallback = Callable[[KafkaError | None, Message], None]
 
 
+def _reraise(exc: BaseException) -> None:
+    raise exc
+
+
 class TransactionalProducer:
     def __init__(
         self,
@@ -84,10 +88,13 @@ class TransactionalProducer:
             kwargs["on_delivery"] = on_delivery
         while True:
             try:
-                self._call(lambda: self._producer.produce(topic, **kwargs))
+                # The per-record hot path: call librdkafka directly, classify only on error.
+                self._producer.produce(topic, **kwargs)
                 return
             except BufferError:  # local queue full: let deliveries drain, then go on
                 self._producer.poll(0.1)
+            except KafkaException as exc:
+                self._call(lambda exc=exc: _reraise(exc))
 
     def flush(self) -> None:
         """Deliver everything produced so far (inside the transaction); abortable if it cannot."""
