@@ -14,7 +14,7 @@ from onceflow.codec import decode_envelope, encode_envelope, new_id
 from onceflow.config import CommonSettings
 from onceflow.txn.batch import Batch
 from onceflow.txn.errors import FencedError
-from onceflow.v1.acker_pb2 import AckerMessage
+from onceflow.v1.acker_pb2 import AckerBatch, AckerMessage
 from onceflow.v1.envelope_pb2 import DeadLetter, Envelope
 from onceflow_dedup import store as exact
 from onceflow_dedup.buckets import BucketSpec
@@ -84,6 +84,7 @@ class Harness:
             self.gate.process(batch)
         if punctuate:
             self.gate.punctuate(batch)
+        batch.seal()
         self.commit(batch)
         return batch
 
@@ -100,7 +101,7 @@ def passed_ids(batch: Batch) -> list[str]:
 
 
 def acks(batch: Batch) -> list[AckerMessage]:
-    return [AckerMessage.FromString(o.value) for o in batch.outputs if o.topic == "acker.acks"]
+    return [m for o in batch.outputs if o.topic == "acker.acks" for m in AckerBatch.FromString(o.value).messages]
 
 
 def test_duplicates_within_one_batch_are_caught(client: redis.Redis, prefix: str) -> None:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from onceflow import acks
 from onceflow.v1.acker_pb2 import AckerMessage, RecordRef
-from onceflow_acker.trees import Outcome, Tree, apply, expired, xor_pending
+from onceflow_acker.trees import Outcome, Tree, apply, encode_new_init, expired, xor_pending
 
 pytestmark = pytest.mark.acker
 
@@ -145,3 +145,21 @@ def test_the_xor_fast_path_agrees_with_the_full_path(ack_val, xor_value, init_se
     else:
         # A failed tree with INIT is decided on any message; the fast path must not hide that.
         assert failed and init_seen
+
+
+@given(
+    st.integers(min_value=0, max_value=2**64 - 1),
+    st.integers(min_value=0, max_value=2**40),
+    st.integers(min_value=0, max_value=120_000),
+    st.integers(min_value=1, max_value=5),
+    st.text(max_size=30),
+)
+def test_the_new_init_fast_path_agrees_with_the_full_path(xor_value, sent_at, timeout, attempt, record_id):
+    message = acks.init(9, [], RecordRef(record_id=record_id, partition=3, offset=77), attempt, timeout)
+    message.xor_value, message.sent_at_ms = xor_value, sent_at
+    fast = encode_new_init(message, 1_000, TIMEOUT)
+    full, decision = apply(None, message, 1_000, TIMEOUT)
+    if fast is None:
+        assert xor_value == 0 and decision is not None and decision.outcome is Outcome.COMPLETED
+    else:
+        assert decision is None and Tree.decode(fast) == full

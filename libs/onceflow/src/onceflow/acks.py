@@ -4,6 +4,9 @@ transaction, so an ack exists exactly when the processing it reports committed.
 - the spout (ingest) sends INIT: the XOR of the edges it emitted, and where the record lives;
 - a stage that consumed an envelope sends ACK: its input edge XOR the edges it emitted;
 - a stage that gives up on a record sends FAIL with the reason.
+
+A tree lives in partition ``root_id mod partitions`` of acker.acks. A transaction's messages
+are grouped by that partition into one ``AckerBatch`` record each (``AckBuffer``).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from onceflow.codec import now_ms
-from onceflow.v1.acker_pb2 import AckerMessage, RecordRef
+from onceflow.v1.acker_pb2 import AckerBatch, AckerMessage, RecordRef
 
 ACKS_TOPIC = "acker.acks"
 EVENTS_TOPIC = "acker.events"
@@ -20,8 +23,13 @@ _MASK = (1 << 64) - 1
 
 
 def root_key(root_id: int) -> bytes:
-    """The Kafka key of every acker message and event of a tree: all land in one partition."""
+    """The key of a tree in the acker's changelog and of its events."""
     return root_id.to_bytes(8, "big")
+
+
+def partition_of(root_id: int, partitions: int) -> int:
+    """The acker.acks partition (and acker instance) that owns a tree."""
+    return root_id % partitions
 
 
 def xor_all(edges: Iterable[int]) -> int:
@@ -40,22 +48,47 @@ def next_root_id(root_id: int, attempt: int) -> int:
     return (z ^ (z >> 31)) or 1
 
 
-def init(root_id: int, edges: Iterable[int], origin: RecordRef, attempt: int, timeout_ms: int) -> tuple[bytes, bytes]:
-    message = AckerMessage(
+def init(root_id: int, edges: Iterable[int], origin: RecordRef, attempt: int, timeout_ms: int) -> AckerMessage:
+    return AckerMessage(
         kind=AckerMessage.INIT, root_id=root_id, xor_value=xor_all(edges), sent_at_ms=now_ms(),
         origin=origin, attempt=attempt, timeout_ms=timeout_ms, stage="ingest",
     )
-    return root_key(root_id), message.SerializeToString()
 
 
-def ack(root_id: int, input_edge: int, child_edges: Iterable[int], stage: str) -> tuple[bytes, bytes]:
-    message = AckerMessage(
+def ack(root_id: int, input_edge: int, child_edges: Iterable[int], stage: str) -> AckerMessage:
+    return AckerMessage(
         kind=AckerMessage.ACK, root_id=root_id, xor_value=input_edge ^ xor_all(child_edges), stage=stage,
         sent_at_ms=now_ms(),
     )
-    return root_key(root_id), message.SerializeToString()
 
 
-def fail(root_id: int, stage: str, reason: str) -> tuple[bytes, bytes]:
-    message = AckerMessage(kind=AckerMessage.FAIL, root_id=root_id, stage=stage, reason=reason, sent_at_ms=now_ms())
-    return root_key(root_id), message.SerializeToString()
+def fail(root_id: int, stage: str, reason: str) -> AckerMessage:
+    return AckerMessage(kind=AckerMessage.FAIL, root_id=root_id, stage=stage, reason=reason, sent_at_ms=now_ms())
+
+
+class AckBuffer:
+    """One transaction's acker messages, in order, until they are sealed into one AckerBatch
+    record per acker.acks partition."""
+
+    def __init__(self, partitions: int) -> None:
+        if partitions < 1:
+            raise ValueError(f"acker.acks needs at least one partition, got {partitions}")
+        self.partitions = partitions
+        self.messages: list[AckerMessage] = []
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+    def add(self, message: AckerMessage) -> None:
+        self.messages.append(message)
+
+    def truncate(self, length: int) -> None:
+        del self.messages[length:]
+
+    def seal(self) -> list[tuple[int, bytes]]:
+        """(partition, serialized AckerBatch) per partition with messages; empties the buffer."""
+        grouped: dict[int, list[AckerMessage]] = {}
+        for message in self.messages:
+            grouped.setdefault(message.root_id % self.partitions, []).append(message)
+        self.messages = []
+        return [(p, AckerBatch(messages=msgs).SerializeToString()) for p, msgs in sorted(grouped.items())]

@@ -12,11 +12,10 @@ from dataclasses import dataclass, field
 from google.protobuf.message import DecodeError
 
 from onceflow.acks import root_key
-from onceflow.state.overlay import StateTransaction
 from onceflow.txn.batch import Batch
-from onceflow.v1.acker_pb2 import AckerMessage, RecordRef, TreeEvent
+from onceflow.v1.acker_pb2 import AckerBatch, AckerMessage, TreeEvent
 
-from onceflow_acker.trees import Decision, Outcome, Tree, apply, expired, xor_pending
+from onceflow_acker.trees import Decision, Outcome, Tree, apply, encode_new_init, expired, xor_pending
 
 _OUTCOME = {
     Outcome.COMPLETED: TreeEvent.COMPLETED,
@@ -74,41 +73,49 @@ class AckerStage:
         self._ingest_topic = ingest_topic
         self._default_timeout_ms = default_timeout_ms
         self.stats = stats
+        self._event = TreeEvent()
 
     def process(self, batch: Batch) -> None:
         now = batch.now_ms
         decisions: list[tuple[Outcome, int]] = []
-        states: dict[int, StateTransaction] = {}
+        acks = 0
+        ack_kind, init_kind = AckerMessage.ACK, AckerMessage.INIT
         for record in batch.records:
             try:
-                message = AckerMessage.FromString(record.value() or b"")
-                if not message.root_id:
-                    raise ValueError("acker message without root_id")
-            except (DecodeError, ValueError) as exc:
+                messages = AckerBatch.FromString(record.value() or b"").messages
+            except DecodeError as exc:
                 batch.dead_letter(record, exc)
                 continue
-            partition = record.partition()
-            state = states.get(partition)
-            if state is None:
-                state = states[partition] = batch.state(partition)
-            key = root_key(message.root_id)
-            raw = state.get(key)
-            if raw is not None and message.kind == AckerMessage.ACK:
-                updated = xor_pending(raw, message.xor_value)
-                if updated is not None:
-                    state.put(key, updated)
+            state = batch.state(record.partition())
+            acks += len(messages)
+            for message in messages:
+                root_id = message.root_id
+                if not root_id:
+                    batch.dead_letter(record, "acker message without root_id", message.SerializeToString())
                     continue
-            try:
-                tree, decision = apply(Tree.decode(raw) if raw else None, message, now, self._default_timeout_ms)
-            except ValueError as exc:
-                batch.dead_letter(record, exc)
-                continue
-            if decision is None:
-                state.put(key, tree.encode())  # type: ignore[union-attr]
-            else:
-                state.delete(key)
-                decisions.append(self._emit(batch, message.root_id, decision, now))
-        acks = len(batch.records)
+                key = root_key(root_id)
+                raw = state.get(key)
+                kind = message.kind
+                if raw is not None and kind == ack_kind:
+                    updated = xor_pending(raw, message.xor_value)
+                    if updated is not None:  # the hot path: an ACK that does not finish its tree
+                        state.put(key, updated)
+                        continue
+                elif raw is None and kind == init_kind:
+                    created = encode_new_init(message, now, self._default_timeout_ms)
+                    if created is not None:  # the other hot path: a new tree's INIT
+                        state.put(key, created)
+                        continue
+                try:
+                    tree, decision = apply(Tree.decode(raw) if raw else None, message, now, self._default_timeout_ms)
+                except ValueError as exc:
+                    batch.dead_letter(record, exc, message.SerializeToString())
+                    continue
+                if decision is None:
+                    state.put(key, tree.encode())  # type: ignore[union-attr]
+                else:
+                    state.delete(key)
+                    decisions.append(self._emit(batch, root_id, decision, now))
         batch.after_commit.append(lambda: self.stats.record(acks, decisions))
 
     def punctuate(self, batch: Batch) -> None:
@@ -133,16 +140,20 @@ class AckerStage:
     def _emit(self, batch: Batch, root_id: int, decision: Decision, now: int) -> tuple[Outcome, int]:
         tree = decision.tree
         latency = max(0, now - tree.started_ms)
-        event = TreeEvent(
-            outcome=_OUTCOME[decision.outcome],
-            root_id=root_id,
-            origin=RecordRef(
-                record_id=tree.record_id, topic=self._ingest_topic, partition=tree.origin_partition, offset=tree.origin_offset
-            ),
-            attempt=tree.attempt,
-            latency_ms=latency,
-            reason=decision.reason,
-            decided_at_ms=now,
-        )
+        # One reused message: building a fresh TreeEvent with its nested RecordRef costs about
+        # twice as much, once per tree.
+        event = self._event
+        event.Clear()
+        event.outcome = _OUTCOME[decision.outcome]
+        event.root_id = root_id
+        origin = event.origin
+        origin.record_id = tree.record_id
+        origin.topic = self._ingest_topic
+        origin.partition = tree.origin_partition
+        origin.offset = tree.origin_offset
+        event.attempt = tree.attempt
+        event.latency_ms = latency
+        event.reason = decision.reason
+        event.decided_at_ms = now
         batch.emit(self._events_topic, event.SerializeToString(), key=root_key(root_id))
         return decision.outcome, latency

@@ -96,6 +96,20 @@ def apply(tree: Tree | None, message: AckerMessage, now_ms: int, default_timeout
     return decide(tree)
 
 
+def encode_new_init(message: AckerMessage, now_ms: int, default_timeout_ms: int) -> bytes | None:
+    """The hot path of an INIT for a tree not seen before: the encoding ``apply`` would
+    produce, without building a Tree. None when the INIT decides the tree by itself (no
+    edges), which ``apply`` must handle."""
+    if not message.xor_value:
+        return None
+    started = message.sent_at_ms or now_ms
+    origin = message.origin
+    return _LAYOUT.pack(
+        message.xor_value, started, started + (message.timeout_ms or default_timeout_ms), origin.offset,
+        message.attempt, origin.partition, _INIT_SEEN,
+    ) + origin.record_id.encode()
+
+
 def xor_pending(encoded: bytes, xor_value: int) -> bytes | None:
     """The hot path of an ACK on a stored tree: XOR straight into the encoding. Returns None
     when the ACK may decide the tree (then ``apply`` on the decoded tree must run)."""

@@ -31,6 +31,7 @@ class Acking:
 
     trees: InFlightTrees
     acks_topic: str
+    acks_partitions: int
     timeout_ms: int
 
 _ABORT_RETRIES = 3
@@ -238,14 +239,16 @@ class GroupCommitter:
         for index, (key, value, _root_id, _edge_id) in enumerate(records):
             producer.produce(self._topic, value, key=key, on_delivery=delivered(index))
         producer.flush()
+        inits = acks.AckBuffer(acking.acks_partitions)
         for (key, _value, root_id, edge_id), origin in zip(records, origins, strict=True):
             if origin is None:
                 raise producer.abortable("a record was not delivered inside the transaction")
-            init_key, init_value = acks.init(
+            inits.add(acks.init(
                 root_id, [edge_id], RecordRef(record_id=key.decode(), topic=self._topic, partition=origin[0], offset=origin[1]),
                 attempt=1, timeout_ms=acking.timeout_ms,
-            )
-            producer.produce(acking.acks_topic, init_value, key=init_key)
+            ))
+        for partition, value in inits.seal():
+            producer.produce(acking.acks_topic, value, partition=partition)
 
     def _note_abort(self, message: str) -> None:
         self.stats.aborted += 1

@@ -83,8 +83,7 @@ class ReplayStage:
                 envelope.edge_id = new_id()
                 envelope.attempt = attempt
                 batch.emit(self._ingest_topic, encode_envelope(envelope), key=envelope.record_id.encode())
-                key, value = acks.init(envelope.root_id, [envelope.edge_id], event.origin, attempt, self._timeout_ms)
-                batch.emit(self._acks_topic, value, key=key)
+                batch.init_tree(envelope.root_id, [envelope.edge_id], event.origin, attempt, self._timeout_ms)
                 replayed += 1
             else:
                 outcome = TreeEvent.Outcome.Name(event.outcome)

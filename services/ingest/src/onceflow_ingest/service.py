@@ -8,6 +8,7 @@ import threading
 
 from onceflow import acks, metrics
 from onceflow.admin import ServiceServer, StatusSnapshot
+from onceflow.kafka.inspect import wait_partition_count
 from onceflow.txn import EXIT_FENCED as LOOP_FENCED
 from onceflow.txn import TransactionalLoop
 from onceflow.v1 import ingest_pb2, ingest_pb2_grpc
@@ -40,7 +41,9 @@ class IngestService:
         acking = None
         if settings.acking:
             self.trees = InFlightTrees(settings.max_attempts)
-            acking = Acking(self.trees, common.topic(acks.ACKS_TOPIC), settings.tree_timeout_ms)
+            acks_topic = common.topic(acks.ACKS_TOPIC)
+            partitions = wait_partition_count(common, acks_topic, self._stop)
+            acking = Acking(self.trees, acks_topic, partitions, settings.tree_timeout_ms)
             self.watcher = EventWatcher(common, common.topic(acks.EVENTS_TOPIC), self.trees)
             self.replay_stage = ReplayStage(
                 OriginalFetcher(common, ingest_topic), ingest_topic, common.topic("ingest.dlq"),

@@ -3,6 +3,8 @@ demo and `onceflow verify`-style tools, never on the hot path."""
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -12,6 +14,8 @@ from confluent_kafka.admin import OffsetSpec
 
 from onceflow.config import CommonSettings
 from onceflow.kafka import clients
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +33,22 @@ class TopicRecord:
 def partitions_of(common: CommonSettings, topic: str) -> list[int]:
     metadata = clients.admin(common).list_topics(topic, timeout=10)
     return sorted(metadata.topics[topic].partitions)
+
+
+def wait_partition_count(common: CommonSettings, topic: str, stop: threading.Event) -> int:
+    """``topic``'s partition count, retried while the broker starts or the topic is missing;
+    0 if ``stop`` is set first."""
+    while True:
+        try:
+            count = len(partitions_of(common, topic))
+            if count:
+                return count
+            problem = "no such topic (run `onceflow infra topics`)"
+        except Exception as exc:  # noqa: BLE001 - the broker may still be starting
+            problem = str(exc)
+        log.warning("%s: %s; retrying", topic, problem)
+        if stop.wait(1.0):
+            return 0
 
 
 def end_offsets(common: CommonSettings, topic: str, timeout_s: float = 30.0) -> dict[int, tuple[int, int]]:

@@ -14,6 +14,7 @@ from onceflow import acks
 from onceflow.codec import now_ms
 from onceflow.state.overlay import StateTransaction
 from onceflow.state.stores import PartitionStores
+from onceflow.v1.acker_pb2 import RecordRef
 from onceflow.v1.envelope_pb2 import DeadLetter, Envelope
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,7 @@ class Output:
 @dataclass(slots=True)
 class Savepoint:
     outputs: int
+    acks: int
     state: dict[int, int] = field(default_factory=dict)
 
 
@@ -42,10 +44,12 @@ class Batch:
         dlq_topic: str,
         stage: str,
         acks_topic: str = "",
+        ack_partitions: int = 1,
     ) -> None:
         self.records = records
         self.now_ms = now_ms()
         self._acks_topic = acks_topic
+        self._acks = acks.AckBuffer(ack_partitions)
         self.outputs: list[Output] = []
         self.dead_letters = 0
         # Run by the loop once this batch's transaction has committed (and never otherwise).
@@ -84,33 +88,43 @@ class Batch:
 
     @property
     def has_writes(self) -> bool:
-        return bool(self.outputs) or any(o.changes for o in self._overlays.values())
+        return bool(self.outputs) or bool(self._acks) or any(o.changes for o in self._overlays.values())
 
     def ack(self, envelope: Envelope, children: Iterable[int] = ()) -> None:
         """Tell the acker this stage processed ``envelope`` and emitted ``children`` (edge ids)."""
-        key, value = acks.ack(envelope.root_id, envelope.edge_id, children, self._stage)
-        self.emit(self._acks_topic, value, key=key)
+        self._acks.add(acks.ack(envelope.root_id, envelope.edge_id, children, self._stage))
 
     def fail(self, envelope: Envelope, reason: str) -> None:
-        key, value = acks.fail(envelope.root_id, self._stage, reason)
-        self.emit(self._acks_topic, value, key=key)
+        self._acks.add(acks.fail(envelope.root_id, self._stage, reason))
+
+    def init_tree(self, root_id: int, edges: Iterable[int], origin: RecordRef, attempt: int, timeout_ms: int) -> None:
+        """Start a tree (the spout's INIT): only ingest and its replayer do this."""
+        self._acks.add(acks.init(root_id, edges, origin, attempt, timeout_ms))
+
+    def seal(self) -> None:
+        """Turn the buffered acker messages into one AckerBatch output per acker.acks
+        partition. The loop calls this once the stage is done with the batch."""
+        for partition, value in self._acks.seal():
+            self.emit(self._acks_topic, value, partition=partition)
 
     def savepoint(self) -> Savepoint:
-        return Savepoint(len(self.outputs), {p: o.savepoint() for p, o in self._overlays.items()})
+        return Savepoint(len(self.outputs), len(self._acks), {p: o.savepoint() for p, o in self._overlays.items()})
 
     def rollback_to(self, savepoint: Savepoint) -> None:
         del self.outputs[savepoint.outputs :]
+        self._acks.truncate(savepoint.acks)
         for partition, overlay in self._overlays.items():
             overlay.rollback_to(savepoint.state.get(partition, 0))
 
-    def dead_letter(self, record: Message, error: BaseException | str) -> None:
-        """Send a poison record to the stage's DLQ, in this transaction, with the reason."""
+    def dead_letter(self, record: Message, error: BaseException | str, original: bytes | None = None) -> None:
+        """Send a poison record to the stage's DLQ, in this transaction, with the reason.
+        ``original`` narrows it to the bad part of a record that carries several items."""
         error_class = type(error).__name__ if isinstance(error, BaseException) else "Rejected"
         letter = DeadLetter(
             stage=self._stage,
             error_class=error_class,
             message=str(error),
-            original=record.value() or b"",
+            original=record.value() or b"" if original is None else original,
             source_topic=record.topic() or "",
             source_partition=record.partition() or 0,
             source_offset=record.offset() or 0,

@@ -23,6 +23,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from onceflow import acks, faults, metrics
 from onceflow.config import CommonSettings, LoopSettings
 from onceflow.kafka import clients
+from onceflow.kafka.inspect import wait_partition_count
 from onceflow.state.store import KeyValueStore, MemoryStore
 from onceflow.state.stores import PartitionStores
 from onceflow.txn.batch import Batch, Stage
@@ -96,6 +97,7 @@ class TransactionalLoop:
         self._paused_now = False
         self._last_progress = 0.0
         self._acks_topic = common.topic(acks.ACKS_TOPIC)
+        self._ack_partitions = 1
         self._punctuate: Callable[[Batch], None] | None = getattr(stage, "punctuate", None)
         self._next_punctuation = 0.0
 
@@ -128,6 +130,9 @@ class TransactionalLoop:
         except FencedError as exc:
             log.error("%s: cannot start: %s", self.stage.name, exc)
             return EXIT_FENCED
+        self._ack_partitions = wait_partition_count(self._common, self._acks_topic, self._stop)
+        if self._ack_partitions == 0:
+            return EXIT_OK  # stopped while waiting for the broker
         self._consumer = clients.consumer(
             self._common,
             self.group_id,
@@ -183,12 +188,13 @@ class TransactionalLoop:
 
     def _transact(self, records: list[Message], punctuate: bool = False) -> None:
         started = time.monotonic()
-        batch = Batch(records, self.stores, self._dlq_topic, self.stage.name, self._acks_topic)
+        batch = Batch(records, self.stores, self._dlq_topic, self.stage.name, self._acks_topic, self._ack_partitions)
         try:
             if records:
                 self.stage.process(batch)
             if punctuate and self._punctuate is not None:
                 self._punctuate(batch)
+            batch.seal()
         except Exception as exc:  # a bug in the stage itself: nothing was produced yet
             log.exception("%s: stage failed on a batch of %d; retrying from committed offsets", self.stage.name, len(records))
             self.stats.last_error = f"stage: {exc}"
