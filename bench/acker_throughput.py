@@ -5,13 +5,16 @@ Baselines measured in the same run, on the same broker and the same input:
   messages (the ceiling for any Python consumer of that topic);
 - latency: that consumer's produce-to-consume latency at the same offered rate.
 
-The acker runs as its real service (one process, one Python thread doing the work).
+The acker runs as its real service, pinned with all its threads (librdkafka's too) to one CPU,
+with its default loop settings. Senders batch as stages do: one AckerBatch record per partition
+per sending transaction (--trees-per-batch).
 Run: .venv/bin/python bench/acker_throughput.py [--trees N] [--rate R]
 """
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import tempfile
 import threading
@@ -32,7 +35,7 @@ from onceflow.config import CommonSettings, repo_root
 from onceflow.infra import stack
 from onceflow.infra.topics import delete_topics, ensure_topics
 from onceflow.kafka import clients
-from onceflow.kafka.inspect import partitions_of
+from onceflow.kafka.inspect import end_offsets, partitions_of
 from onceflow.process import ServiceProcess
 from onceflow.state import MemoryStore
 from onceflow.v1 import acker_pb2, acker_pb2_grpc
@@ -135,6 +138,14 @@ class _DeliveryProbe(threading.Thread):
         self._reader.close()
 
 
+def _pin_to_one_core(pid: int, core: int) -> None:
+    """"On one core", literally: the acker and every thread it has (librdkafka's too) share
+    one CPU; the broker and this bench process keep the other."""
+    os.sched_setaffinity(pid, {core})
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        os.sched_setaffinity(int(task.name), {core})
+
+
 def _stats(stub: acker_pb2_grpc.AckerAdminStub) -> acker_pb2.AckerStatsReply:
     return stub.Stats(acker_pb2.AckerStatsRequest(), timeout=5)
 
@@ -163,6 +174,7 @@ def main(
     trees: int = typer.Option(300_000, help="Trees for the throughput run (3 acker messages each)."),
     rate: float = typer.Option(1000.0, help="Trees/s offered in the latency run."),
     seconds: float = typer.Option(15.0, help="Duration of the latency run."),
+    core: int = typer.Option(max(os.cpu_count() or 1, 1) - 1, help="The CPU the acker is pinned to."),
     trees_per_batch: int = typer.Option(100, help="Trees per sending transaction in the throughput run."),
     latency_trees_per_batch: int = typer.Option(10, help="Trees per sending transaction in the latency run."),
     output: Path = typer.Option(Path("bench/results/acker_throughput.json")),
@@ -176,10 +188,7 @@ def main(
     port = _free_port()
     acker = ServiceProcess(
         "acker", "onceflow_acker",
-        {"ONCEFLOW_TOPIC_PREFIX": prefix, "ONCEFLOW_ACKER_PORT": str(port), "ONCEFLOW_ACKER_METRICS_PORT": "0",
-         # Each record carries a sending transaction's acks for one partition (~50-100 here),
-         # so 100 records make transactions of several thousand acks.
-         "ONCEFLOW_LOOP_MAX_BATCH_RECORDS": "100"},
+        {"ONCEFLOW_TOPIC_PREFIX": prefix, "ONCEFLOW_ACKER_PORT": str(port), "ONCEFLOW_ACKER_METRICS_PORT": "0"},
         Path(tempfile.mkdtemp(prefix="onceflow-bench-")), cwd=repo_root(),
     )
     result: dict[str, float] = {}
@@ -189,6 +198,7 @@ def main(
         with console.status("baseline: plain consumer"):
             plain_rps, _ = _plain_consume(common, topic, total)
         acker.start()
+        _pin_to_one_core(acker.pid, core)
         acker.wait_healthy(f"127.0.0.1:{port}")
         stub = acker_pb2_grpc.AckerAdminStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
         first = last = None
@@ -205,6 +215,11 @@ def main(
         assert first is not None and last is not None and last[0] > first[0], "backlog too small to time"
         acker_rps = (last[1] - first[1]) / (last[0] - first[0])
         assert stats.completed == trees and stats.pending == 0, stats
+        # Trees whose INIT and last ACK fell into different acker transactions cost a
+        # changelog write and a tombstone: the main source of run-to-run spread.
+        changelog = end_offsets(common, common.topic("acker.changelog"))
+        result["changelog_records"] = sum(high for _lso, high in changelog.values())
+        console.print(f"acker: {acker_rps:,.0f} acks/s; {result['changelog_records']:,} changelog records written")
         result |= {"acks": total, "trees_per_batch": trees_per_batch, "acker_acks_per_s": acker_rps, "plain_consume_per_s": plain_rps,
                    "throughput_ratio": acker_rps / plain_rps}
 
