@@ -57,6 +57,7 @@ test-fast: setup
 bench: setup
 	$(PY) bench/ingest_throughput.py
 	$(PY) bench/acker_throughput.py
+	$(PY) bench/dedup_throughput.py
 
 clean:
 	-$(ONCEFLOW) infra down
