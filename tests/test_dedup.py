@@ -5,7 +5,10 @@ exactly once; and Redis must equal what dedup.changelog says."""
 
 from __future__ import annotations
 
+import json
 import random
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -246,6 +249,11 @@ def test_poison_goes_to_the_dlq_with_the_reason_and_nothing_else_is_lost(pipelin
         assert not admin.Check(dedup_pb2.CheckRequest(record_id=batch[0].record_id), timeout=5).seen
         stats = admin.Stats(dedup_pb2.DedupStatsRequest(), timeout=5)
     assert stats.passed == len(batch) and stats.dropped == 100 and stats.dead_letters == 1 and stats.forgotten == 1
+    cli = subprocess.run(
+        [sys.executable, "-m", "onceflow", "admin", "dedup", "stats", "-a", address, "--json"],
+        capture_output=True, text=True, timeout=30, check=True,
+    )
+    assert json.loads(cli.stdout)["passed"] == str(len(batch))  # uint64 renders as a JSON string
     assert stats.fast_path_ratio > 0.9 and stats.measured_false_positive_rate <= 0.01
     # Forgotten means re-drivable: the same id passes the gate once more.
     send_with_client_retries(deploy.ingest_address, batch[:1], [], 1, 0.0)
