@@ -32,3 +32,10 @@ ENV ONCEFLOW_DEDUP_HOST=0.0.0.0
 EXPOSE 50053 9103
 HEALTHCHECK CMD ["/app/.venv/bin/onceflow", "health", "127.0.0.1:50053"]
 CMD ["/app/.venv/bin/onceflow-dedup"]
+
+FROM base AS sink
+RUN uv sync --locked --no-dev --package onceflow-sink
+ENV ONCEFLOW_SINK_HOST=0.0.0.0
+EXPOSE 50055 9105
+HEALTHCHECK CMD ["/app/.venv/bin/onceflow", "health", "127.0.0.1:50055"]
+CMD ["/app/.venv/bin/onceflow-sink"]

@@ -58,6 +58,7 @@ bench: setup
 	$(PY) bench/ingest_throughput.py
 	$(PY) bench/acker_throughput.py
 	$(PY) bench/dedup_throughput.py
+	$(PY) bench/sink_apply.py
 
 clean:
 	-$(ONCEFLOW) infra down

@@ -32,6 +32,7 @@ from onceflow.config import CommonSettings, repo_root
 from onceflow.infra import stack
 from onceflow.infra.topics import delete_topics, ensure_topics
 from onceflow.process import ServiceProcess
+from onceflow.redis_client import connect
 from onceflow.v1 import dedup_pb2, dedup_pb2_grpc
 from onceflow.v1.envelope_pb2 import Envelope
 from onceflow_dedup import store as exact
@@ -117,7 +118,7 @@ def _run_gate(records: int, duplicate_share: float, filters: bool) -> dict[str, 
         if gate.alive():
             gate.terminate()
         delete_topics(common.kafka_bootstrap, prefix=prefix)
-        client = exact.connect(common.redis_url)
+        client = connect(common.redis_url)
         for key in client.scan_iter(match=f"onceflow:{{{prefix}*"):
             client.delete(key)
 
@@ -137,7 +138,7 @@ def _restore_cost(ids: int) -> dict[str, float]:
 
     common = CommonSettings()
     prefix = f"bench{uuid.uuid4().hex[:6]}."
-    client = exact.connect(common.redis_url)
+    client = connect(common.redis_url)
     spec = BucketSpec(expected_per_bucket=max(ids // 10, 1))
     record_ids = [f"restore-{i:09d}" for i in range(ids)]
     try:

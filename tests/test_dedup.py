@@ -20,6 +20,7 @@ from confluent_kafka import Producer
 from onceflow.client import IngestClient, RetryPolicy
 from onceflow.codec import decode_envelope
 from onceflow.kafka.inspect import consumed_everything
+from onceflow.redis_client import connect
 from onceflow.txn.loop import EXIT_FENCED
 from onceflow.v1 import dedup_pb2, dedup_pb2_grpc
 from onceflow.v1.acker_pb2 import RecordRef, TreeEvent
@@ -121,7 +122,7 @@ def check_exactly_once_and_converged(pipe: Pipeline, expected: list[str]) -> Non
     assert checker.hanging_transactions(pipe.common, topics, wait_s=30) == {}
     # Redis (written after each commit, caught up on restore) equals the changelog's table.
     changelog = checker.latest_by_key(checker.read_committed(pipe.common, pipe.topic("dedup.changelog")))
-    client = exact.connect(pipe.common.redis_url)
+    client = connect(pipe.common.redis_url)
     for partition in range(4):
         keys = exact.StoreKeys.of(pipe.common.topic_prefix, partition)
         in_redis = client.hgetall(keys.ids)
@@ -199,11 +200,11 @@ def test_a_zombie_gate_is_fenced_out_of_kafka_and_redis(pipeline: Pipeline) -> N
     replacement, address = deploy.gate("b")
     replacement.start()
     replacement.wait_log("assigned [0, 1, 2, 3]", 60)
-    before = sum(exact.rejected_writes(exact.connect(pipeline.common.redis_url), pipeline.common.topic_prefix, p) for p in range(4))
+    before = sum(exact.rejected_writes(connect(pipeline.common.redis_url), pipeline.common.topic_prefix, p) for p in range(4))
     assert before == 0
     zombie.sigcont()
     assert zombie.wait_exit(60) == EXIT_FENCED, zombie.log_tail()
-    client = exact.connect(pipeline.common.redis_url)
+    client = connect(pipeline.common.redis_url)
     rejected = sum(exact.rejected_writes(client, pipeline.common.topic_prefix, p) for p in range(4))
     assert rejected >= 1, "the zombie's post-commit Redis write was not refused"
     assert "write refused" in zombie.log_path.read_text()

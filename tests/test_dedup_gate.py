@@ -12,6 +12,7 @@ from confluent_kafka import Message
 
 from onceflow.codec import decode_envelope, encode_envelope, new_id
 from onceflow.config import CommonSettings
+from onceflow.redis_client import connect
 from onceflow.txn.batch import Batch
 from onceflow.txn.errors import FencedError
 from onceflow.v1.acker_pb2 import AckerBatch, AckerMessage
@@ -41,7 +42,7 @@ class Stores:
 
 @pytest.fixture
 def client(infra: None) -> Iterator[redis.Redis]:
-    conn = exact.connect(CommonSettings().redis_url)
+    conn = connect(CommonSettings().redis_url)
     yield conn
     conn.close()
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from onceflow.admin.tls import ClientTLS, channel
 from onceflow.v1 import ingest_pb2, ingest_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -33,10 +34,10 @@ class RetryPolicy:
 
 
 class IngestClient:
-    def __init__(self, address: str, policy: RetryPolicy | None = None) -> None:
+    def __init__(self, address: str, policy: RetryPolicy | None = None, tls: ClientTLS | None = None) -> None:
         self.address = address
         self.policy = policy or RetryPolicy()
-        self._channel = grpc.insecure_channel(address)
+        self._channel = channel(address, tls)
         self._stub = ingest_pb2_grpc.IngestStub(self._channel)
         self.retries = 0
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -34,7 +34,21 @@ class CommonSettings(BaseSettings):
     transaction_timeout_ms: int = 10_000
     # Bearer token for mutating admin calls. Empty means mutating calls are refused.
     admin_token: str = ""
+    # TLS for the service's gRPC port (PEM files). Empty cert and key = plaintext, fine on
+    # loopback; with a client CA the server also requires client certificates signed by it.
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_client_ca_file: str = ""
     log_level: str = "INFO"
+
+    @model_validator(mode="after")
+    def _tls_is_complete(self) -> CommonSettings:
+        # A half-configured TLS setup must fail at startup, not fall back to plaintext.
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("set both ONCEFLOW_TLS_CERT_FILE and ONCEFLOW_TLS_KEY_FILE, or neither")
+        if self.tls_client_ca_file and not self.tls_cert_file:
+            raise ValueError("ONCEFLOW_TLS_CLIENT_CA_FILE needs ONCEFLOW_TLS_CERT_FILE and ONCEFLOW_TLS_KEY_FILE")
+        return self
 
     def topic(self, name: str) -> str:
         return f"{self.topic_prefix}{name}"

@@ -24,6 +24,9 @@ POINTS = (
     "before_produce",  # transaction begun, nothing produced
     "after_produce",  # outputs and changelog produced, offsets not sent, not committed
     "after_commit",  # committed, state store not yet updated
+    "after_dead_letters",  # sink: dead letters and offsets committed, batch not yet in Redis
+    "before_apply",  # sink: about to write a batch to Redis
+    "after_apply",  # sink: batch in Redis, its acks not yet sent
 )
 
 ENV = "ONCEFLOW_FAULT"

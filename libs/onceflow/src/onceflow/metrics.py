@@ -25,6 +25,7 @@ BATCH_RECORDS = Histogram(
     "onceflow_batch_records", "Records per transaction", ["service"], buckets=(1, 10, 100, 500, 1000, 5000)
 )
 PENDING = Gauge("onceflow_pending_records", "Records accepted but not yet committed/processed", ["service"])
+LAG = Gauge("onceflow_lag_records", "Records behind the input's high watermark, per partition", ["service", "partition"])
 RESTORED = Counter("onceflow_restored_records_total", "Changelog records applied on restore", ["service"])
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from onceflow.admin.tls import ClientTLS, channel
+
 
 class ServiceProcess:
     def __init__(
@@ -95,11 +97,11 @@ class ServiceProcess:
             self.proc.kill()
             self.proc.wait(10)
 
-    def wait_healthy(self, address: str, timeout_s: float = 60.0) -> None:
+    def wait_healthy(self, address: str, timeout_s: float = 60.0, tls: ClientTLS | None = None) -> None:
         """Until grpc.health.v1 answers SERVING."""
         deadline = time.monotonic() + timeout_s
-        with grpc.insecure_channel(address) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
+        with channel(address, tls) as chan:
+            stub = health_pb2_grpc.HealthStub(chan)
             while time.monotonic() < deadline:
                 if not self.alive():
                     raise AssertionError(f"{self.name} exited with {self.proc.returncode}\n{self.log_tail()}")  # type: ignore[union-attr]

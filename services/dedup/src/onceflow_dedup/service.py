@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import functools
 
-from onceflow.admin import ServiceServer
+from onceflow.admin import ServerTLS, ServiceServer
 from onceflow.admin.loop_controls import LoopControls
+from onceflow.redis_client import connect
 from onceflow.kafka.inspect import partitions_of
 from onceflow.runner import run_loop_service
 from onceflow.txn import TransactionalLoop
@@ -20,7 +21,7 @@ from onceflow_dedup.gate import DedupGate
 
 def build(settings: DedupSettings) -> tuple[TransactionalLoop, ServiceServer]:
     common = settings.common
-    client = exact.connect(common.redis_url)
+    client = connect(common.redis_url)
     client.ping()  # fail at startup, with the URL in the error, rather than at the first record
     spec = settings.spec
     gate = DedupGate(common.topic("dedup.records"), settings.ack_mode, settings.rekey, settings.gc_limit)
@@ -58,6 +59,7 @@ def build(settings: DedupSettings) -> tuple[TransactionalLoop, ServiceServer]:
         port=settings.port,
         controls=LoopControls(loop, gauges),
         admin_token=common.admin_token,
+        tls=ServerTLS.from_settings(common),
         add_servicers=lambda server: dedup_pb2_grpc.add_DedupAdminServicer_to_server(admin, server),
         service_names=(dedup_pb2.DESCRIPTOR.services_by_name["DedupAdmin"].full_name,),
     )

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import redis
 
+from onceflow.redis_client import connect
 from onceflow.txn.errors import FencedError
 
 from onceflow_dedup.buckets import BloomBuckets, BucketSpec
@@ -85,19 +86,6 @@ class StoreKeys:
 
     def bucket(self, start_ms: int) -> str:
         return f"{self.bucket_prefix}{start_ms}"
-
-
-def connect(url: str) -> redis.Redis:
-    """A client that rides out a Redis restart: connection errors are retried with backoff."""
-    from redis.backoff import ExponentialBackoff
-    from redis.retry import Retry
-
-    return redis.Redis.from_url(
-        url,
-        retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=20),
-        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
-        health_check_interval=30,
-    )
 
 
 def encode_bucket(start_ms: int) -> bytes:

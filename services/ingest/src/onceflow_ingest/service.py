@@ -7,7 +7,7 @@ import signal
 import threading
 
 from onceflow import acks, metrics
-from onceflow.admin import ServiceServer, StatusSnapshot
+from onceflow.admin import ServerTLS, ServiceServer, StatusSnapshot
 from onceflow.kafka.inspect import wait_partition_count
 from onceflow.txn import EXIT_FENCED as LOOP_FENCED
 from onceflow.txn import TransactionalLoop
@@ -74,6 +74,7 @@ class IngestService:
             port=settings.port,
             controls=self,
             admin_token=settings.common.admin_token,
+            tls=ServerTLS.from_settings(common),
             add_servicers=lambda server: ingest_pb2_grpc.add_IngestServicer_to_server(self.servicer, server),
             service_names=(ingest_pb2.DESCRIPTOR.services_by_name["Ingest"].full_name,),
         )

@@ -1,5 +1,6 @@
-"""The gRPC server base every service uses: its RPCs, Admin, health, reflection, auth."""
+"""The gRPC server base every service uses: its RPCs, Admin, health, reflection, auth, TLS."""
 
 from onceflow.admin.server import AdminControls, ServiceServer, StatusSnapshot
+from onceflow.admin.tls import ClientTLS, ServerTLS, channel
 
-__all__ = ["AdminControls", "ServiceServer", "StatusSnapshot"]
+__all__ = ["AdminControls", "ClientTLS", "ServerTLS", "ServiceServer", "StatusSnapshot", "channel"]

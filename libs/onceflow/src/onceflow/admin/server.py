@@ -15,6 +15,7 @@ from grpc_reflection.v1alpha import reflection
 
 from onceflow import __version__
 from onceflow.admin.auth import TokenAuthInterceptor
+from onceflow.admin.tls import ServerTLS
 from onceflow.v1 import admin_pb2, admin_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,8 @@ class _AdminServicer(admin_pb2_grpc.AdminServicer):
 
 class ServiceServer:
     """Builds and runs the gRPC server. ``add_servicers`` registers the service's own RPCs;
-    ``service_names`` lists their full names for reflection and health."""
+    ``service_names`` lists their full names for reflection and health; ``tls`` (from
+    ``ServerTLS.from_settings(common)``) switches the port from plaintext to TLS."""
 
     def __init__(
         self,
@@ -102,6 +104,7 @@ class ServiceServer:
         add_servicers: Callable[[grpc.Server], None] = lambda _server: None,
         service_names: tuple[str, ...] = (),
         max_workers: int = 32,
+        tls: ServerTLS | None = None,
     ) -> None:
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"{service}-grpc"),
@@ -120,15 +123,19 @@ class ServiceServer:
         )
         reflection.enable_server_reflection(names, self._server)
         self._service_names = (*service_names, admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name)
-        bound = self._server.add_insecure_port(f"{host}:{port}")
+        if tls is None:
+            bound = self._server.add_insecure_port(f"{host}:{port}")
+        else:
+            bound = self._server.add_secure_port(f"{host}:{port}", tls.credentials())
         if bound == 0:
             raise OSError(f"cannot bind {host}:{port}")
         self.address = f"{host}:{bound}"
+        self._transport = "plaintext" if tls is None else tls.mode
 
     def start(self) -> None:
         self._server.start()
         self.set_serving(True)
-        log.info("gRPC on %s", self.address)
+        log.info("gRPC on %s (%s)", self.address, self._transport)
 
     def set_serving(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import typer
 
-from onceflow.cli import admin, demo, health, infra
+from onceflow.cli import admin, demo, health, infra, query
 
 app = typer.Typer(no_args_is_help=True, help="onceflow: exactly-once stream processing.")
 app.add_typer(infra.app, name="infra")
 app.add_typer(admin.app, name="admin")
+app.add_typer(query.app, name="query")
 app.command("demo")(demo.demo)
 app.command("health")(health.health)
 

@@ -1,17 +1,26 @@
-"""`onceflow admin ...`: operate running services over gRPC. Every call has a deadline."""
+"""`onceflow admin ...`: operate running services over gRPC. Every call has a deadline.
+TLS options go before the command (`onceflow admin --tls-ca ca.pem status --all`) or in
+ONCEFLOW_TLS_* env vars, and apply to every command."""
 
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, TypeVar
 
 import grpc
 import typer
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
+from onceflow.admin import fleet
+from onceflow.admin.tls import ClientTLS, channel
+from onceflow.cli.options import TlsCa, TlsCert, TlsKey, client_tls
 from onceflow.v1 import acker_pb2, acker_pb2_grpc, admin_pb2, admin_pb2_grpc, dedup_pb2, dedup_pb2_grpc
 
 app = typer.Typer(no_args_is_help=True, help="Operate running services (gRPC admin calls).")
@@ -23,20 +32,45 @@ console = Console()
 
 Address = Annotated[str, typer.Option("--address", "-a", help="host:port of the service")]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+Token = Annotated[str, typer.Option(envvar="ONCEFLOW_ADMIN_TOKEN", show_default=False, help="Admin bearer token.")]
 TIMEOUT_S = 5.0
+T = TypeVar("T")
 
 
-def _call(address: str, fn):  # type: ignore[no-untyped-def]
-    with grpc.insecure_channel(address) as channel:
+# Set by the group's callback before any command runs: one CLI invocation, one TLS choice.
+_client_tls: ClientTLS | None = None
+
+
+@app.callback()
+def _connect(tls_ca: TlsCa = "", tls_cert: TlsCert = "", tls_key: TlsKey = "") -> None:
+    global _client_tls
+    _client_tls = client_tls(tls_ca, tls_cert, tls_key)
+
+
+def _call(address: str, fn: Callable[[grpc.Channel], T]) -> T:
+    try:
+        chan = channel(address, _client_tls)
+    except ValueError as exc:  # an unreadable TLS file
+        console.print(f"[red]{address}[/]: {exc}")
+        raise typer.Exit(2) from None
+    with chan:
         try:
-            return fn(channel)
+            return fn(chan)
         except grpc.RpcError as exc:
             console.print(f"[red]{address}: {exc.code().name}[/]: {exc.details()}")  # type: ignore[attr-defined]
             raise typer.Exit(2) from None
 
 
+def _bearer(token: str) -> list[tuple[str, str]]:
+    return [("authorization", f"Bearer {token}")] if token else []
+
+
+def _dict(message: Message) -> dict:
+    return MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+
+
 def _print(message: Message, as_json: bool) -> None:
-    data = MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    data = _dict(message)
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
@@ -47,10 +81,137 @@ def _print(message: Message, as_json: bool) -> None:
 
 
 @app.command()
-def status(address: Address = "127.0.0.1:50051", as_json: Json = False) -> None:
-    """The common Admin Status of one service."""
-    reply = _call(address, lambda ch: admin_pb2_grpc.AdminStub(ch).Status(admin_pb2.StatusRequest(), timeout=TIMEOUT_S))
+def status(
+    address: Annotated[
+        str | None, typer.Option("--address", "-a", help="host:port of one service (default 127.0.0.1:50051)")
+    ] = None,
+    all_services: Annotated[bool, typer.Option("--all", help="Every service in the services config, as one table.")] = False,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="ONCEFLOW_SERVICES_CONFIG", show_default=False,
+            help="Services config for --all (default infra/services.toml).",
+        ),
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="Deadline per service for --all, in seconds.")] = 2.0,
+    as_json: Json = False,
+) -> None:
+    """The common Admin Status of one service, or of every service (--all; exit 1 unless all serve)."""
+    if all_services:
+        if address is not None:
+            raise typer.BadParameter("give either --address or --all")
+        _status_all(config or fleet.services_file(), timeout, as_json)
+        return
+    target = address or "127.0.0.1:50051"
+    reply = _call(target, lambda ch: admin_pb2_grpc.AdminStub(ch).Status(admin_pb2.StatusRequest(), timeout=TIMEOUT_S))
     _print(reply, as_json)
+
+
+def _status_all(config: Path, timeout_s: float, as_json: bool) -> None:
+    try:
+        endpoints = fleet.load_endpoints(config)
+    except (OSError, ValueError) as exc:  # tomllib's errors are ValueErrors
+        console.print(f"[red]{config}[/]: {exc}")
+        raise typer.Exit(2) from None
+    results = fleet.query_all(endpoints, _client_tls, timeout_s)
+    if as_json:
+        typer.echo(json.dumps([_status_dict(r) for r in results], indent=2))
+    else:
+        console.print(_status_table(results))
+    raise typer.Exit(0 if results and all(r.health == "SERVING" for r in results) else 1)
+
+
+def _status_dict(result: fleet.ServiceStatus) -> dict:
+    return {
+        "service": result.endpoint.name,
+        "address": result.endpoint.address,
+        "health": result.health,
+        "error": result.error,
+        "status": _dict(result.status) if result.status is not None else None,
+    }
+
+
+def _status_table(results: list[fleet.ServiceStatus]) -> RenderableType:
+    """One row per instance; the last errors (often long Kafka messages) go below the table,
+    so the columns stay readable in a terminal."""
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column in ("service", "address", "instance", "health", "state", "partitions", "lag", "in", "out", "commits", "aborts"):
+        numeric = column in ("lag", "in", "out", "commits", "aborts")
+        # Narrow terminals truncate the figures before the names, health and state.
+        keep = {"service": 7, "health": 11, "state": 8}.get(column)
+        table.add_column(column, no_wrap=True, justify="right" if numeric else "left", min_width=keep)
+    errors = Table.grid(padding=(0, 1))
+    for r in results:
+        health = {"SERVING": "[green]SERVING[/]", fleet.DOWN: "[red]DOWN[/]"}.get(r.health, f"[yellow]{r.health}[/]")
+        if r.error:
+            # A failed call's error is gRPC's long connect story; a service's own last error is kept whole.
+            error = r.error if r.status is not None else _short(r.error)
+            errors.add_row(f"{r.endpoint.name} {r.endpoint.address}:", f"[red]{escape(error)}[/]")
+        s = r.status
+        if s is None:
+            table.add_row(r.endpoint.name, r.endpoint.address, "-", health, *["-"] * 7)
+            continue
+        partitions = sorted(p.partition for p in s.partitions)
+        table.add_row(
+            s.service or r.endpoint.name, r.endpoint.address, s.instance, health, s.state,
+            _ranges(partitions) if partitions else "-",
+            f"{sum(p.lag for p in s.partitions):,}" if partitions else "-",
+            f"{s.records_in:,}", f"{s.records_out:,}",
+            f"{s.transactions_committed:,}", f"{s.transactions_aborted:,}",
+        )
+    if errors.row_count:
+        return Group(table, Text("\nlast errors:", style="bold"), errors)
+    return table
+
+
+def _short(error: str) -> str:
+    """"UNAVAILABLE: failed to connect ...: Connection refused" -> "UNAVAILABLE: Connection refused"
+    (--json keeps the whole text)."""
+    code, _, detail = error.partition(": ")
+    return f"{code}: {detail.rsplit(': ', 1)[-1]}" if detail else error
+
+
+def _ranges(numbers: list[int]) -> str:
+    """[0, 1, 2, 3, 6] -> "0-3,6": a short column however many partitions an instance owns."""
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+# Mutations take no default address: nothing gets paused by accident.
+@app.command()
+def pause(address: Address, token: Token = "", as_json: Json = False) -> None:
+    """Stop taking work (needs the admin token)."""
+    request = admin_pb2.PauseRequest()
+    reply = _call(address, lambda ch: admin_pb2_grpc.AdminStub(ch).Pause(request, metadata=_bearer(token), timeout=TIMEOUT_S))
+    _print(reply, as_json)
+
+
+@app.command()
+def resume(address: Address, token: Token = "", as_json: Json = False) -> None:
+    """Take work again, also after a drain (needs the admin token)."""
+    request = admin_pb2.ResumeRequest()
+    reply = _call(address, lambda ch: admin_pb2_grpc.AdminStub(ch).Resume(request, metadata=_bearer(token), timeout=TIMEOUT_S))
+    _print(reply, as_json)
+
+
+@app.command()
+def drain(
+    address: Address,
+    wait: Annotated[int, typer.Option(help="Seconds the service waits for in-flight work to commit.")] = 30,
+    token: Token = "",
+    as_json: Json = False,
+) -> None:
+    """Stop taking work and commit what is in flight; the process stays up (needs the admin token)."""
+    request = admin_pb2.DrainRequest(timeout_seconds=wait)
+    reply = _call(address, lambda ch: admin_pb2_grpc.AdminStub(ch).Drain(request, metadata=_bearer(token), timeout=wait + TIMEOUT_S))
+    _print(reply, as_json)
+    if not reply.drained:
+        raise typer.Exit(1)
 
 
 @acker_app.command("stats")
@@ -119,13 +280,12 @@ def dedup_stats(address: Address = "127.0.0.1:50053", as_json: Json = False) -> 
 def dedup_forget(
     record_id: Annotated[str, typer.Argument(help="The record id to forget.")],
     address: Address = "127.0.0.1:50053",
-    token: Annotated[str, typer.Option(envvar="ONCEFLOW_ADMIN_TOKEN", help="Admin bearer token.")] = "",
+    token: Token = "",
     as_json: Json = False,
 ) -> None:
     """Drop RECORD_ID from the gate's exact store (a committed tombstone), so it can be re-driven."""
     request = dedup_pb2.ForgetRequest(record_id=record_id)
-    metadata = [("authorization", f"Bearer {token}")] if token else []
     reply = _call(
-        address, lambda ch: dedup_pb2_grpc.DedupAdminStub(ch).Forget(request, metadata=metadata, timeout=TIMEOUT_S * 8)
+        address, lambda ch: dedup_pb2_grpc.DedupAdminStub(ch).Forget(request, metadata=_bearer(token), timeout=TIMEOUT_S * 8)
     )
     _print(reply, as_json)

@@ -7,15 +7,26 @@ import grpc
 import typer
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from onceflow.admin.tls import channel
+from onceflow.cli.options import TlsCa, TlsCert, TlsKey, client_tls
+
 
 def health(
     address: str = typer.Argument(..., help="host:port of a onceflow service"),
     timeout: float = typer.Option(2.0, help="Deadline in seconds."),
+    tls_ca: TlsCa = "",
+    tls_cert: TlsCert = "",
+    tls_key: TlsKey = "",
 ) -> None:
     """Check a service's gRPC health (exit 0 = SERVING)."""
-    with grpc.insecure_channel(address) as channel:
+    try:
+        chan = channel(address, client_tls(tls_ca, tls_cert, tls_key))
+    except ValueError as exc:  # an unreadable TLS file
+        typer.echo(f"{address}: {exc}")
+        raise typer.Exit(1) from None
+    with chan:
         try:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+            reply = health_pb2_grpc.HealthStub(chan).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
         except grpc.RpcError as exc:
             typer.echo(f"{address}: unreachable ({exc.code().name})")  # type: ignore[attr-defined]
             raise typer.Exit(1) from None

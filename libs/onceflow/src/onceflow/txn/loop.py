@@ -345,6 +345,7 @@ class TransactionalLoop:
             position = max(tp.offset, 0)
             lag = max(0, high - position) if high >= 0 else 0
             progress.append(PartitionProgress(tp.topic, tp.partition, position, lag))
+            metrics.LAG.labels(self.stage.name, str(tp.partition)).set(lag)
         self.stats.partitions = progress
 
     def _close(self) -> None:

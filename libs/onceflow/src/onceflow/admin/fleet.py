@@ -1,0 +1,88 @@
+"""Every configured service's health and Admin Status at once (`onceflow admin status --all`).
+
+The addresses come from one TOML file (``infra/services.toml``). All services are queried in
+parallel under one deadline, so a dead, hung or firewalled service costs the command at most
+that deadline and shows as DOWN instead of hiding the others."""
+
+from __future__ import annotations
+
+import time
+import tomllib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from onceflow.admin.tls import ClientTLS, channel
+from onceflow.config import repo_root
+from onceflow.v1 import admin_pb2, admin_pb2_grpc
+
+DOWN = "DOWN"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    name: str
+    address: str
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    endpoint: Endpoint
+    # grpc.health.v1's answer (SERVING, NOT_SERVING, ...) or DOWN when the service did not answer.
+    health: str
+    status: admin_pb2.StatusReply | None = None
+    error: str = ""
+
+
+def services_file() -> Path:
+    return repo_root() / "infra" / "services.toml"
+
+
+def load_endpoints(path: Path) -> list[Endpoint]:
+    """``[[service]]`` entries with ``name`` and ``address`` (host:port), in file order."""
+    entries = tomllib.loads(path.read_text()).get("service", [])
+    endpoints = []
+    for index, entry in enumerate(entries):
+        if not isinstance(entry.get("name"), str) or not isinstance(entry.get("address"), str):
+            raise ValueError(f"{path}: service entry {index + 1} needs a name and an address")
+        endpoints.append(Endpoint(entry["name"], entry["address"]))
+    return endpoints
+
+
+def _error(exc: grpc.RpcError) -> str:
+    return f"{exc.code().name}: {exc.details()}"  # type: ignore[attr-defined]
+
+
+def query(endpoint: Endpoint, tls: ClientTLS | None, timeout_s: float) -> ServiceStatus:
+    """Health, then Status, both within ``timeout_s`` in all."""
+    deadline = time.monotonic() + timeout_s
+
+    def remaining() -> float:
+        return max(deadline - time.monotonic(), 0.001)
+
+    try:
+        chan = channel(endpoint.address, tls)
+    except ValueError as exc:  # an unreadable TLS file
+        return ServiceStatus(endpoint, DOWN, error=str(exc))
+    with chan:
+        try:
+            reply = health_pb2_grpc.HealthStub(chan).Check(health_pb2.HealthCheckRequest(), timeout=remaining())
+        except grpc.RpcError as exc:
+            return ServiceStatus(endpoint, DOWN, error=_error(exc))
+        health = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+        try:
+            status = admin_pb2_grpc.AdminStub(chan).Status(admin_pb2.StatusRequest(), timeout=remaining())
+        except grpc.RpcError as exc:
+            return ServiceStatus(endpoint, health, error=_error(exc))
+    return ServiceStatus(endpoint, health, status, status.last_error)
+
+
+def query_all(endpoints: list[Endpoint], tls: ClientTLS | None, timeout_s: float = 2.0) -> list[ServiceStatus]:
+    """Every endpoint in parallel; results in the endpoints' order."""
+    if not endpoints:
+        return []
+    with ThreadPoolExecutor(max_workers=len(endpoints), thread_name_prefix="status") as pool:
+        return list(pool.map(lambda endpoint: query(endpoint, tls, timeout_s), endpoints))

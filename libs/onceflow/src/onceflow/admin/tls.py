@@ -1,0 +1,81 @@
+"""TLS for the services' gRPC ports. Servers take theirs from ``CommonSettings``; every client
+(CLI, health probe, process harness, IngestClient) opens its channel through ``channel``, so
+plaintext and TLS are decided in one place."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from onceflow.config import CommonSettings
+
+
+def _read(path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ValueError(f"cannot read TLS file {path}: {exc.strerror}") from None
+
+
+@dataclass(frozen=True)
+class ServerTLS:
+    cert_file: str
+    key_file: str
+    # Set: clients must present a certificate signed by this CA (mutual TLS).
+    client_ca_file: str = ""
+
+    @classmethod
+    def from_settings(cls, common: CommonSettings) -> ServerTLS | None:
+        """None (plaintext) unless ONCEFLOW_TLS_CERT_FILE and ONCEFLOW_TLS_KEY_FILE are set."""
+        if not common.tls_cert_file:
+            return None
+        return cls(common.tls_cert_file, common.tls_key_file, common.tls_client_ca_file)
+
+    @property
+    def mode(self) -> str:
+        return "mTLS" if self.client_ca_file else "TLS"
+
+    def credentials(self) -> grpc.ServerCredentials:
+        client_ca = _read(self.client_ca_file) if self.client_ca_file else None
+        return grpc.ssl_server_credentials(
+            [(_read(self.key_file), _read(self.cert_file))],
+            root_certificates=client_ca,
+            require_client_auth=client_ca is not None,
+        )
+
+
+@dataclass(frozen=True)
+class ClientTLS:
+    # Empty: verify the server against the system's roots.
+    ca_file: str = ""
+    # Both set: present this certificate (servers with a client CA require one).
+    cert_file: str = ""
+    key_file: str = ""
+
+    @classmethod
+    def of(cls, ca_file: str = "", cert_file: str = "", key_file: str = "") -> ClientTLS | None:
+        """None (plaintext) when nothing is set, so options and env vars map straight onto it."""
+        if not (ca_file or cert_file or key_file):
+            return None
+        if bool(cert_file) != bool(key_file):
+            raise ValueError("a client certificate needs its key, and a key its certificate")
+        return cls(ca_file, cert_file, key_file)
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(
+            root_certificates=_read(self.ca_file) if self.ca_file else None,
+            private_key=_read(self.key_file) if self.key_file else None,
+            certificate_chain=_read(self.cert_file) if self.cert_file else None,
+        )
+
+
+def channel(
+    address: str, tls: ClientTLS | None = None, options: Sequence[tuple[str, object]] = ()
+) -> grpc.Channel:
+    """A channel to a onceflow service: TLS when ``tls`` is given, plaintext otherwise."""
+    if tls is None:
+        return grpc.insecure_channel(address, options=options)
+    return grpc.secure_channel(address, tls.credentials(), options=options)

@@ -1,0 +1,36 @@
+"""Options several commands share: how the CLI reaches services over TLS."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from onceflow.admin.tls import ClientTLS
+
+TlsCa = Annotated[
+    str,
+    typer.Option(
+        "--tls-ca", envvar="ONCEFLOW_TLS_CA_FILE", show_default=False,
+        help="CA certificate (PEM) to verify the services with; turns TLS on.",
+    ),
+]
+TlsCert = Annotated[
+    str,
+    typer.Option(
+        "--tls-cert", envvar="ONCEFLOW_TLS_CLIENT_CERT_FILE", show_default=False,
+        help="Client certificate (PEM), for services that require one (ONCEFLOW_TLS_CLIENT_CA_FILE).",
+    ),
+]
+TlsKey = Annotated[
+    str,
+    typer.Option("--tls-key", envvar="ONCEFLOW_TLS_CLIENT_KEY_FILE", show_default=False, help="The client certificate's key (PEM)."),
+]
+
+
+def client_tls(ca_file: str, cert_file: str, key_file: str) -> ClientTLS | None:
+    """None (plaintext) when no TLS option is given."""
+    try:
+        return ClientTLS.of(ca_file, cert_file, key_file)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None

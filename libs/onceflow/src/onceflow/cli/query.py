@@ -1,0 +1,86 @@
+"""`onceflow query ...`: read the result tables the sink keeps in Redis, over its Query API."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import grpc
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from onceflow.admin.tls import channel
+from onceflow.cli.options import TlsCa, TlsCert, TlsKey, client_tls
+from onceflow.v1 import sink_pb2, sink_pb2_grpc
+
+app = typer.Typer(no_args_is_help=True, help="Read result tables through the sink's Query API.")
+console = Console()
+
+Address = Annotated[str, typer.Option("--address", "-a", help="host:port of a sink")]
+Json = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+TIMEOUT_S = 5.0
+
+
+def _stub_call(address: str, tls_ca: str, tls_cert: str, tls_key: str, call):  # type: ignore[no-untyped-def]
+    with channel(address, client_tls(tls_ca, tls_cert, tls_key)) as chan:
+        try:
+            return call(sink_pb2_grpc.QueryStub(chan))
+        except grpc.RpcError as exc:
+            console.print(f"[red]{address}: {exc.code().name}[/]: {exc.details()}")  # type: ignore[attr-defined]
+            raise typer.Exit(2) from None
+
+
+def _text(value: bytes) -> str:
+    try:
+        return value.decode()
+    except UnicodeDecodeError:
+        return value.hex()
+
+
+@app.command()
+def get(
+    job: Annotated[str, typer.Argument(help="The job whose table to read.")],
+    key: Annotated[str, typer.Argument(help="The row key.")],
+    address: Address = "127.0.0.1:50055",
+    as_json: Json = False,
+    tls_ca: TlsCa = "",
+    tls_cert: TlsCert = "",
+    tls_key: TlsKey = "",
+) -> None:
+    """One row; exit 1 when it does not exist."""
+    request = sink_pb2.GetRowRequest(job=job, key=key)
+    reply = _stub_call(address, tls_ca, tls_cert, tls_key, lambda stub: stub.Get(request, timeout=TIMEOUT_S))
+    if as_json:
+        typer.echo(json.dumps({"found": reply.found, "value": _text(reply.value)}))
+    elif reply.found:
+        typer.echo(_text(reply.value))
+    else:
+        console.print(f"no row {key!r} in {job!r}")
+    if not reply.found:
+        raise typer.Exit(1)
+
+
+@app.command()
+def scan(
+    job: Annotated[str, typer.Argument(help="The job whose table to read.")],
+    prefix: Annotated[str, typer.Option(help="Only keys starting with this.")] = "",
+    limit: Annotated[int, typer.Option(help="At most this many rows (<= 10000).")] = 100,
+    address: Address = "127.0.0.1:50055",
+    as_json: Json = False,
+    tls_ca: TlsCa = "",
+    tls_cert: TlsCert = "",
+    tls_key: TlsKey = "",
+) -> None:
+    """Rows in key order."""
+    request = sink_pb2.ScanRowsRequest(job=job, prefix=prefix, limit=limit)
+    reply = _stub_call(address, tls_ca, tls_cert, tls_key, lambda stub: stub.Scan(request, timeout=TIMEOUT_S))
+    if as_json:
+        typer.echo(json.dumps([{"key": r.key, "value": _text(r.value)} for r in reply.rows]))
+        return
+    table = Table(title=f"{job}: {len(reply.rows)} rows")
+    table.add_column("key")
+    table.add_column("value")
+    for row in reply.rows:
+        table.add_row(row.key, _text(row.value))
+    console.print(table)

@@ -1,0 +1,17 @@
+"""The one way services connect to Redis."""
+
+from __future__ import annotations
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+
+def connect(url: str) -> redis.Redis:
+    """A client that rides out a Redis restart: connection errors are retried with backoff."""
+    return redis.Redis.from_url(
+        url,
+        retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=20),
+        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+        health_check_interval=30,
+    )

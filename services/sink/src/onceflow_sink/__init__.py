@@ -1,0 +1,1 @@
+"""onceflow sink: result changes applied to Redis exactly once."""

@@ -1,0 +1,304 @@
+"""The sink's loop: compute.results (read_committed) -> Redis, exactly once per change.
+
+Per partition batch:
+1. poison records (undecodable, no job or key, unknown op) past the partition's DLQ mark go to
+   sink.dlq in a Kafka transaction that also commits the batch's consumer offset, so a letter
+   is written exactly once (after a crash, offsets below the committed one already have theirs);
+2. the valid changes go to Redis in one fenced, offset-checked script call (``tables.py``);
+3. the applied changes' edges are acked in a second transaction. An ack lost to a crash here is
+   safe: the tree times out, ingest replays the record, and the dedup gate drops the copy.
+
+On assignment the partition's position comes from Redis (last applied offset + 1); Kafka's
+committed offset only says which letters were already written.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from onceflow import acks, faults, metrics
+from onceflow.codec import now_ms
+from onceflow.config import CommonSettings, LoopSettings
+from onceflow.kafka import clients
+from onceflow.kafka.inspect import wait_partition_count
+from onceflow.txn.errors import FencedError, IndefiniteOutcome
+from onceflow.txn.loop import EXIT_FENCED, EXIT_OK
+from onceflow.txn.producer import TransactionalProducer
+from onceflow.v1.envelope_pb2 import DeadLetter
+from onceflow.v1.results_pb2 import ResultChange
+
+from onceflow_sink.tables import Change, Outcome, ResultTables
+
+log = logging.getLogger(__name__)
+
+_OPS = {ResultChange.UPSERT: "+", ResultChange.RETRACT: "-"}
+
+
+@dataclass
+class Ownership:
+    token: int
+    applied: int  # last offset applied to Redis, -1 for none
+    letters_done: int  # offsets below this already have their dead letters
+    lag: int = 0
+
+
+@dataclass
+class SinkStats:
+    applied: int = 0
+    skipped_batches: int = 0
+    dead_letters: int = 0
+    acks_lost: int = 0
+    last_error: str = ""
+
+
+class SinkWorker:
+    def __init__(
+        self, common: CommonSettings, loop: LoopSettings, tables: ResultTables, group_id: str, transactional_id: str,
+        acking: bool,
+    ) -> None:
+        self._common = common
+        self._loop = loop
+        self._tables = tables
+        self._group_id = group_id
+        self._transactional_id = transactional_id
+        self._acking = acking
+        self.topic = common.topic("compute.results")
+        self._dlq = common.topic("sink.dlq")
+        self._acks_topic = common.topic(acks.ACKS_TOPIC)
+        self._stop = threading.Event()
+        self.owned: dict[int, Ownership] = {}
+        self.stats = SinkStats()
+        self.state = "STARTING"
+        self._consumer: Consumer | None = None
+        self._producer: TransactionalProducer | None = None
+        self._ack_partitions = 1
+        self.paused = False
+        self.pause_state = "PAUSED"  # or DRAINED: what Status says while paused
+        self._paused_now = False
+        self._idle = threading.Event()
+        self._last_lag_sample = 0.0
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> int:
+        try:
+            self._producer = TransactionalProducer(self._common, self._transactional_id, stop=self._stop)
+            if self._acking:
+                self._ack_partitions = wait_partition_count(self._common, self._acks_topic, self._stop) or 1
+            self._consumer = clients.consumer(
+                self._common, self._group_id, **{"session.timeout.ms": self._loop.session_timeout_ms}
+            )
+            self._consumer.subscribe(
+                [self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
+            )
+            self.state = "RUNNING"
+            while not self._stop.is_set():
+                if self._apply_pause():
+                    self._consumer.consume(1, 0.1)  # paused: only serves rebalance callbacks
+                    continue
+                self._poll_once()
+            self.state = "STOPPED"
+            return EXIT_OK
+        except FencedError as exc:
+            self.state = "FENCED"
+            self.stats.last_error = str(exc)
+            log.error("sink: fenced, this instance is a zombie and stops: %s", exc)
+            return EXIT_FENCED
+        finally:
+            if self._consumer is not None:
+                try:
+                    self._consumer.close()
+                except Exception:  # noqa: BLE001 - closing after a fence may fail, nothing to save
+                    log.debug("consumer close failed", exc_info=True)
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """After a pause: True once no batch is being applied."""
+        return self._idle.wait(timeout_s)
+
+    def _apply_pause(self) -> bool:
+        assert self._consumer is not None
+        if self.paused != self._paused_now:
+            assignment = self._consumer.assignment()
+            if self.paused:
+                self._consumer.pause(assignment)
+            else:
+                self._consumer.resume(assignment)
+                self.state = "RUNNING"
+                self._idle.clear()
+            self._paused_now = self.paused
+        if self._paused_now:
+            self.state = self.pause_state
+            self._idle.set()
+        return self._paused_now
+
+    def _poll_once(self) -> None:
+        assert self._consumer is not None
+        batches: dict[int, list[Message]] = defaultdict(list)
+        for message in self._consumer.consume(self._loop.max_batch_records, self._loop.max_batch_ms / 1000):
+            error = message.error()
+            if error is None:
+                batches[message.partition()].append(message)
+            elif error.code() != KafkaError._PARTITION_EOF:
+                log.warning("consume: %s", error)
+        for partition, records in batches.items():
+            if partition in self.owned:  # not revoked by a rebalance during this poll
+                self._apply_batch(partition, records)
+        self._sample_lag()
+
+    def _sample_lag(self) -> None:
+        """Lag per owned partition from the last fetch's high watermark (no extra request)."""
+        now = time.monotonic()
+        if now - self._last_lag_sample < 2.0 or self._consumer is None:
+            return
+        self._last_lag_sample = now
+        for partition, own in list(self.owned.items()):
+            _low, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, partition), cached=True)
+            if high >= 0:
+                own.lag = max(0, high - (own.applied + 1))
+                metrics.LAG.labels("sink", str(partition)).set(own.lag)
+
+    # -- one partition's batch ---------------------------------------------------------------
+
+    def _apply_batch(self, partition: int, records: list[Message]) -> None:
+        own = self.owned[partition]
+        records = [r for r in records if r.offset() > own.applied]
+        if not records:
+            return
+        last = records[-1].offset()
+        changes: list[Change] = []
+        letters: list[tuple[Message, str]] = []
+        edges: list[tuple[int, int]] = []
+        for record in records:
+            try:
+                change = _decode(record.value())
+            except ValueError as exc:
+                if record.offset() >= own.letters_done:
+                    letters.append((record, str(exc)))
+                continue
+            changes.append(Change(_OPS[change.op], change.job, change.key, change.value))
+            if change.root_id and change.edge_id:
+                edges.append((change.root_id, change.edge_id))
+        if letters and not self._write_letters(partition, letters, last):
+            return
+        faults.point("before_apply")
+        outcome = self._tables.apply(partition, own.token, last, changes)
+        if outcome is Outcome.FENCED:
+            raise FencedError(
+                f"partition {partition}: Redis refused the write, token {own.token} is stale: "
+                "another sink instance owns this partition now"
+            )
+        own.applied = last
+        if outcome is Outcome.STALE:
+            self.stats.skipped_batches += 1
+        else:
+            self.stats.applied += len(changes)
+            metrics.RECORDS_OUT.labels("sink").inc(len(changes))
+        metrics.RECORDS_IN.labels("sink").inc(len(records))
+        faults.point("after_apply")
+        if edges and self._acking:
+            self._send_acks(partition, edges, last)
+
+    def _write_letters(self, partition: int, letters: list[tuple[Message, str]], last: int) -> bool:
+        """Dead letters and the batch's consumer offset in one transaction. False: not written
+        (the partition is rewound to retry the batch)."""
+        producer, consumer = self._producer, self._consumer
+        assert producer is not None and consumer is not None
+        try:
+            producer.begin()
+            for record, reason in letters:
+                letter = DeadLetter(
+                    stage="sink", error_class="InvalidResultChange", message=reason, original=record.value() or b"",
+                    source_topic=record.topic() or "", source_partition=partition, source_offset=record.offset(),
+                    failed_at_ms=now_ms(),
+                )
+                producer.produce(self._dlq, letter.SerializeToString(), key=record.key())
+            producer.send_offsets([TopicPartition(self.topic, partition, last + 1)], consumer.consumer_group_metadata())
+            producer.commit()
+        except IndefiniteOutcome as exc:
+            self._note(f"dead letters: outcome unknown ({exc}); recreating the producer")
+            producer.recreate()
+            self._rewind(partition, refresh_letters=True)
+            return False
+        except KafkaException as exc:
+            self._note(f"dead letters: transaction aborted ({exc})")
+            producer.abort()
+            self._rewind(partition)
+            return False
+        faults.point("after_dead_letters")
+        for record, reason in letters:
+            log.warning("dead letter from %s[%d]@%d: %s", record.topic(), partition, record.offset(), reason)
+        self.owned[partition].letters_done = last + 1
+        self.stats.dead_letters += len(letters)
+        metrics.DEAD_LETTERS.labels("sink").inc(len(letters))
+        return True
+
+    def _send_acks(self, partition: int, edges: list[tuple[int, int]], last: int) -> None:
+        producer, consumer = self._producer, self._consumer
+        assert producer is not None and consumer is not None
+        buffer = acks.AckBuffer(self._ack_partitions)
+        for root_id, edge_id in edges:
+            buffer.add(acks.ack(root_id, edge_id, (), "sink"))
+        try:
+            producer.begin()
+            for ack_partition, value in buffer.seal():
+                producer.produce(self._acks_topic, value, partition=ack_partition)
+            producer.send_offsets([TopicPartition(self.topic, partition, last + 1)], consumer.consumer_group_metadata())
+            producer.commit()
+        except (IndefiniteOutcome, KafkaException) as exc:
+            # Safe to lose (module docstring): the trees time out and the gate drops the replays.
+            self.stats.acks_lost += len(edges)
+            self._note(f"acks not sent ({exc}); their trees will time out and be replayed")
+            if isinstance(exc, IndefiniteOutcome):
+                producer.recreate()
+            else:
+                producer.abort()
+
+    def _note(self, message: str) -> None:
+        self.stats.last_error = message
+        log.warning("sink: %s", message)
+
+    def _rewind(self, partition: int, refresh_letters: bool = False) -> None:
+        assert self._consumer is not None
+        own = self.owned[partition]
+        if refresh_letters:
+            committed = self._consumer.committed([TopicPartition(self.topic, partition)], timeout=10)[0].offset
+            own.letters_done = max(own.letters_done, committed)
+        self._consumer.seek(TopicPartition(self.topic, partition, own.applied + 1 if own.applied >= 0 else OFFSET_BEGINNING))
+
+    # -- rebalance ---------------------------------------------------------------------------
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        committed = consumer.committed(partitions, timeout=10) if partitions else []
+        for tp, kafka in zip(partitions, committed, strict=True):
+            token, applied = self._tables.take_ownership(tp.partition)
+            self.owned[tp.partition] = Ownership(token, applied, letters_done=max(kafka.offset, 0))
+            # Redis says what was applied; Kafka's committed offset is only a hint.
+            tp.offset = applied + 1 if applied >= 0 else OFFSET_BEGINNING
+            log.info("sink: partition %d: token %d, resuming after offset %d", tp.partition, token, applied)
+        log.info("sink: assigned %s", [p.partition for p in partitions])
+        consumer.assign(partitions)
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        log.info("sink: revoked %s", [p.partition for p in partitions])
+        for tp in partitions:
+            self.owned.pop(tp.partition, None)
+
+
+def _decode(value: bytes | None) -> ResultChange:
+    """A valid change or ValueError with the reason (the dead letter's message)."""
+    try:
+        change = ResultChange.FromString(value or b"")
+    except Exception as exc:  # noqa: BLE001 - protobuf raises DecodeError; any failure is poison
+        raise ValueError(f"not a ResultChange: {exc}") from exc
+    if not change.job or not change.key:
+        raise ValueError("ResultChange without job or key")
+    if change.op not in _OPS:
+        raise ValueError(f"ResultChange with op {change.op}: want UPSERT or RETRACT")
+    return change
