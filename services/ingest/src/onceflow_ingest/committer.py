@@ -35,6 +35,7 @@ class Acking:
     timeout_ms: int
 
 _ABORT_RETRIES = 3
+FENCE_WINDOW_S = 30.0
 
 
 class Overloaded(Exception):
@@ -95,6 +96,7 @@ class GroupCommitter:
         self._closing = threading.Event()
         self.fenced = threading.Event()
         self.died = threading.Event()
+        self._last_fence = float("-inf")
         self.stats = CommitterStats()
         self._producer = TransactionalProducer(common, transactional_id, call_timeout_s, stop=self._closing)
         self._thread = threading.Thread(target=self._run, name="ingest-committer", daemon=True)
@@ -175,9 +177,7 @@ class GroupCommitter:
                 error = None
                 break
             except FencedError as exc:
-                log.error("fenced: another instance owns %s; stopping: %s", self._producer.transactional_id, exc)
-                self.fenced.set()
-                error = NotCommitted("this ingest instance was fenced by a newer one")
+                error = self._after_fence(exc)
                 break
             except IndefiniteOutcome as exc:
                 log.warning("commit outcome unknown (%s); recreating the producer", exc)
@@ -188,7 +188,11 @@ class GroupCommitter:
             except KafkaException as exc:
                 log.warning("transaction aborted (attempt %d): %s", attempt, exc)
                 self._note_abort(str(exc))
-                self._producer.abort()
+                try:
+                    self._producer.abort()
+                except FencedError as fenced:
+                    error = self._after_fence(fenced)
+                    break
                 error = NotCommitted(f"transaction aborted: {exc}")
         commit_id = self.stats.committed
         if error is not None and self._acking is not None:
@@ -249,6 +253,29 @@ class GroupCommitter:
             ))
         for partition, value in inits.seal():
             producer.produce(acking.acks_topic, value, partition=partition)
+
+    def _after_fence(self, exc: FencedError) -> Exception:
+        """Ingest has no consumer group, so its transactional.id is its only fence, and the
+        broker also fences a producer whose transaction it timed out (across a broker restart,
+        say). So one fence recreates the producer; a second within FENCE_WINDOW_S means another
+        live instance has this name, and this one stops (exit 3)."""
+        now = time.monotonic()
+        self._note_abort(str(exc))
+        if now - self._last_fence < FENCE_WINDOW_S:
+            log.error("fenced again within %.0fs: another instance owns %s; stopping: %s",
+                      FENCE_WINDOW_S, self._producer.transactional_id, exc)
+            self.fenced.set()
+            return NotCommitted("this ingest instance was fenced by a newer one")
+        self._last_fence = now
+        log.warning("producer fenced (%s): recreating it; a broker restart can do this, a second "
+                    "fence soon after would mean another instance with this name", exc)
+        try:
+            self._producer.recreate()
+        except FencedError as fatal:
+            log.error("cannot recreate the producer: %s", fatal)
+            self.fenced.set()
+            return NotCommitted("this ingest instance was fenced by a newer one")
+        return OutcomeUnknown(f"transaction fenced, outcome unknown: {exc}")
 
     def _note_abort(self, message: str) -> None:
         self.stats.aborted += 1

@@ -30,6 +30,8 @@ class SinkControls:
         return StatusSnapshot(
             state=self._worker.state,
             partitions=[(self._worker.topic, p, own.applied + 1, own.lag) for p, own in sorted(self._worker.owned.items())],
+            transactions_committed=stats.transactions,
+            transactions_aborted=stats.aborted,
             records_out=stats.applied,
             last_error=stats.last_error,
             gauges={

@@ -54,6 +54,8 @@ class SinkStats:
     skipped_batches: int = 0
     dead_letters: int = 0
     acks_lost: int = 0
+    transactions: int = 0
+    aborted: int = 0
     last_error: str = ""
 
 
@@ -171,6 +173,7 @@ class SinkWorker:
         records = [r for r in records if r.offset() > own.applied]
         if not records:
             return
+        started = time.monotonic()
         last = records[-1].offset()
         changes: list[Change] = []
         letters: list[tuple[Message, str]] = []
@@ -201,6 +204,8 @@ class SinkWorker:
             self.stats.applied += len(changes)
             metrics.RECORDS_OUT.labels("sink").inc(len(changes))
         metrics.RECORDS_IN.labels("sink").inc(len(records))
+        metrics.BATCH_RECORDS.labels("sink").observe(len(records))
+        metrics.COMMIT_SECONDS.labels("sink").observe(time.monotonic() - started)
         faults.point("after_apply")
         if edges and self._acking:
             self._send_acks(partition, edges, last)
@@ -221,12 +226,15 @@ class SinkWorker:
                 producer.produce(self._dlq, letter.SerializeToString(), key=record.key())
             producer.send_offsets([TopicPartition(self.topic, partition, last + 1)], consumer.consumer_group_metadata())
             producer.commit()
+            self._count_transaction("committed")
         except IndefiniteOutcome as exc:
+            self._count_transaction("aborted")
             self._note(f"dead letters: outcome unknown ({exc}); recreating the producer")
             producer.recreate()
             self._rewind(partition, refresh_letters=True)
             return False
         except KafkaException as exc:
+            self._count_transaction("aborted")
             self._note(f"dead letters: transaction aborted ({exc})")
             producer.abort()
             self._rewind(partition)
@@ -251,7 +259,9 @@ class SinkWorker:
                 producer.produce(self._acks_topic, value, partition=ack_partition)
             producer.send_offsets([TopicPartition(self.topic, partition, last + 1)], consumer.consumer_group_metadata())
             producer.commit()
+            self._count_transaction("committed")
         except (IndefiniteOutcome, KafkaException) as exc:
+            self._count_transaction("aborted")
             # Safe to lose (module docstring): the trees time out and the gate drops the replays.
             self.stats.acks_lost += len(edges)
             self._note(f"acks not sent ({exc}); their trees will time out and be replayed")
@@ -259,6 +269,13 @@ class SinkWorker:
                 producer.recreate()
             else:
                 producer.abort()
+
+    def _count_transaction(self, outcome: str) -> None:
+        if outcome == "committed":
+            self.stats.transactions += 1
+        else:
+            self.stats.aborted += 1
+        metrics.TRANSACTIONS.labels("sink", outcome).inc()
 
     def _note(self, message: str) -> None:
         self.stats.last_error = message
