@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import tempfile
 import threading
 import time
@@ -36,7 +35,7 @@ from onceflow.infra import stack
 from onceflow.infra.topics import delete_topics, ensure_topics
 from onceflow.kafka import clients
 from onceflow.kafka.inspect import end_offsets, partitions_of
-from onceflow.process import ServiceProcess
+from onceflow.process import ServiceProcess, free_port
 from onceflow.state import MemoryStore
 from onceflow.v1 import acker_pb2, acker_pb2_grpc
 from onceflow.v1.acker_pb2 import AckerBatch, AckerMessage, RecordRef
@@ -44,11 +43,6 @@ from onceflow_acker.trees import Tree
 
 console = Console(width=160)
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _tree_messages(index: int) -> tuple[AckerMessage, list[AckerMessage]]:
@@ -185,7 +179,7 @@ def main(
     ensure_topics(common.kafka_bootstrap, prefix=prefix)
     topic = common.topic(acks.ACKS_TOPIC)
     total = trees * 3
-    port = _free_port()
+    port = free_port()
     acker = ServiceProcess(
         "acker", "onceflow_acker",
         {"ONCEFLOW_TOPIC_PREFIX": prefix, "ONCEFLOW_ACKER_PORT": str(port), "ONCEFLOW_ACKER_METRICS_PORT": "0"},

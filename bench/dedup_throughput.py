@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import socket
 import tempfile
 import time
 import uuid
@@ -31,19 +30,14 @@ from onceflow.codec import encode_envelope, new_id, now_ms
 from onceflow.config import CommonSettings, repo_root
 from onceflow.infra import stack
 from onceflow.infra.topics import delete_topics, ensure_topics
-from onceflow.process import ServiceProcess
-from onceflow.redis_client import connect
+from onceflow.process import ServiceProcess, free_port
+from onceflow.redis_client import connect, delete_prefix
 from onceflow.v1 import dedup_pb2, dedup_pb2_grpc
 from onceflow.v1.envelope_pb2 import Envelope
 from onceflow_dedup import store as exact
 
 console = Console(width=160)
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _workload(records: int, duplicate_share: float, seed: int = 1) -> list[str]:
@@ -79,7 +73,7 @@ def _run_gate(records: int, duplicate_share: float, filters: bool) -> dict[str, 
     prefix = f"bench{uuid.uuid4().hex[:6]}."
     common = CommonSettings(topic_prefix=prefix)
     ensure_topics(common.kafka_bootstrap, prefix=prefix)
-    port = _free_port()
+    port = free_port()
     gate = ServiceProcess(
         "dedup", "onceflow_dedup",
         {"ONCEFLOW_TOPIC_PREFIX": prefix, "ONCEFLOW_DEDUP_PORT": str(port), "ONCEFLOW_DEDUP_METRICS_PORT": "0",
@@ -119,8 +113,7 @@ def _run_gate(records: int, duplicate_share: float, filters: bool) -> dict[str, 
             gate.terminate()
         delete_topics(common.kafka_bootstrap, prefix=prefix)
         client = connect(common.redis_url)
-        for key in client.scan_iter(match=f"onceflow:{{{prefix}*"):
-            client.delete(key)
+        delete_prefix(client, prefix)
 
 
 def _stable_hash(record_id: str) -> int:
@@ -175,8 +168,7 @@ def _restore_cost(ids: int) -> dict[str, float]:
         return {"ids": ids, "rebuild_from_store_s": rebuild_s, "load_snapshot_s": snapshot_s,
                 "lookup_us_builtin_hash": salted_us, "lookup_us_stable_hash": stable_us}
     finally:
-        for key in client.scan_iter(match=f"onceflow:{{{prefix}*"):
-            client.delete(key)
+        delete_prefix(client, prefix)
 
 
 def main(

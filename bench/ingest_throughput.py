@@ -21,7 +21,6 @@ Run: make bench   (or .venv/bin/python bench/ingest_throughput.py --help)
 from __future__ import annotations
 
 import json
-import socket
 import statistics
 import tempfile
 import threading
@@ -39,18 +38,13 @@ from onceflow.codec import encode_envelope, new_id, now_ms
 from onceflow.config import CommonSettings, repo_root
 from onceflow.infra import stack
 from onceflow.infra.topics import delete_topics, ensure_topics
-from onceflow.process import ServiceProcess
+from onceflow.process import ServiceProcess, free_port
 from onceflow.v1.envelope_pb2 import Envelope
 from onceflow.v1.ingest_pb2 import IngestRecord
 
 console = Console(width=200)
 CLIENTS = (1, 4)
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -117,7 +111,7 @@ def main(
     common = CommonSettings(topic_prefix=prefix)
     ensure_topics(common.kafka_bootstrap, prefix=prefix)
     topic = common.topic("ingest.records")
-    port = _free_port()
+    port = free_port()
     ingest = ServiceProcess(
         "ingest", "onceflow_ingest",
         {"ONCEFLOW_TOPIC_PREFIX": prefix, "ONCEFLOW_INGEST_PORT": str(port), "ONCEFLOW_INGEST_METRICS_PORT": "0",

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import random
-import socket
 import tempfile
 import time
 import uuid
@@ -27,8 +26,8 @@ from rich.table import Table
 from onceflow.config import CommonSettings, repo_root
 from onceflow.infra import stack
 from onceflow.infra.topics import delete_topics, ensure_topics
-from onceflow.process import ServiceProcess
-from onceflow.redis_client import connect
+from onceflow.process import ServiceProcess, free_port
+from onceflow.redis_client import connect, delete_prefix
 from onceflow.v1.results_pb2 import ResultChange
 from onceflow_sink.tables import Change, Outcome, ResultTables
 
@@ -84,9 +83,7 @@ def _service_rate(changes: int) -> float:
             except BufferError:
                 producer.poll(0.05)
     producer.flush(60)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     sink = ServiceProcess(
         "sink", "onceflow_sink",
         {"ONCEFLOW_TOPIC_PREFIX": prefix, "ONCEFLOW_SINK_PORT": str(port), "ONCEFLOW_SINK_METRICS_PORT": "0",
@@ -112,8 +109,7 @@ def _service_rate(changes: int) -> float:
     finally:
         sink.terminate()
         delete_topics(common.kafka_bootstrap, prefix=prefix)
-        for key in client.scan_iter(match=f"onceflow:{{{prefix}*"):
-            client.delete(key)
+        delete_prefix(client, prefix)
 
 
 def main(
@@ -137,8 +133,7 @@ def main(
             once_s = _exactly_once(tables, batches)
             assert tables.table(JOB) == client.hgetall(f"onceflow:{{{prefix}plain}}:table:{JOB}")
         finally:
-            for key in client.scan_iter(match=f"onceflow:{{{prefix}*"):
-                client.delete(key)
+            delete_prefix(client, prefix)
         plain_rate, once_rate = changes / plain_s, changes / once_s
         result |= {f"plain_{size}": plain_rate, f"exactly_once_{size}": once_rate, f"ratio_{size}": once_rate / plain_rate}
         table.add_row(str(size), f"{plain_rate:,.0f}", f"{once_rate:,.0f}", f"{once_rate / plain_rate:.2f}x")

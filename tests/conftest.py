@@ -3,7 +3,6 @@ topic set per test, and subprocesses that are always cleaned up."""
 
 from __future__ import annotations
 
-import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,7 +15,7 @@ from onceflow.config import CommonSettings, repo_root
 from onceflow.infra import stack
 from onceflow.infra.kafka import KafkaBroker
 from onceflow.infra.topics import delete_topics, ensure_topics
-from tests.harness.process import ServiceProcess
+from tests.harness.process import ServiceProcess, free_port
 
 # Short enough that a SIGSTOPped member leaves the group quickly in zombie tests.
 TEST_SESSION_TIMEOUT_MS = 6000
@@ -74,11 +73,6 @@ def pipeline(infra: None, tmp_path: Path) -> Iterator[Pipeline]:
         proc.ensure_dead()
     delete_topics(common.kafka_bootstrap, prefix=prefix)
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def eventually(predicate, timeout_s: float, what: str, interval_s: float = 0.5):

@@ -12,7 +12,7 @@ from confluent_kafka import Message
 
 from onceflow.codec import decode_envelope, encode_envelope, new_id
 from onceflow.config import CommonSettings
-from onceflow.redis_client import connect
+from onceflow.redis_client import connect, delete_prefix
 from onceflow.txn.batch import Batch
 from onceflow.txn.errors import FencedError
 from onceflow.v1.acker_pb2 import AckerBatch, AckerMessage
@@ -51,8 +51,7 @@ def client(infra: None) -> Iterator[redis.Redis]:
 def prefix(client: redis.Redis) -> Iterator[str]:
     prefix = f"g{uuid.uuid4().hex[:8]}."
     yield prefix
-    for key in client.scan_iter(match=f"onceflow:{{{prefix}*"):
-        client.delete(key)
+    delete_prefix(client, prefix)
 
 
 def envelope(record_id: str, ingest_time_ms: int, key: bytes = b"") -> Envelope:

@@ -15,7 +15,7 @@ import grpc
 import pytest
 from confluent_kafka import Producer
 
-from onceflow.redis_client import connect
+from onceflow.redis_client import connect, delete_prefix
 from onceflow.txn.loop import EXIT_FENCED
 from onceflow.v1 import sink_pb2, sink_pb2_grpc
 from onceflow.v1.acker_pb2 import AckerBatch
@@ -212,5 +212,4 @@ def test_the_apply_script_fences_stale_owners_and_skips_replayed_batches(infra: 
         assert tables.apply(0, new_token, 29, [Change("-", JOB, "gone")]) is Outcome.APPLIED
         assert tables.table(JOB) == {b"k": b"v2"}
     finally:
-        for key in client.scan_iter(match=f"onceflow:{{{prefix}*"):
-            client.delete(key)
+        delete_prefix(client, prefix)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,6 +16,13 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from onceflow.admin.tls import ClientTLS, channel
+
+
+def free_port() -> int:
+    """A port nothing listens on now, for a service started next (tests, benches, the demo)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 class ServiceProcess:

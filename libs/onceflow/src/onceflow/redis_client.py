@@ -15,3 +15,9 @@ def connect(url: str) -> redis.Redis:
         retry_on_error=[redis.ConnectionError, redis.TimeoutError],
         health_check_interval=30,
     )
+
+
+def delete_prefix(client: redis.Redis, topic_prefix: str) -> None:
+    """Drop every onceflow key of one topic prefix (tests' and benchmarks' own pipelines)."""
+    for key in client.scan_iter(match=f"onceflow:{{{topic_prefix}*"):
+        client.delete(key)

@@ -10,7 +10,6 @@ record_id exactly once."""
 from __future__ import annotations
 
 import random
-import socket
 import tempfile
 import threading
 import time
@@ -27,16 +26,11 @@ from onceflow.codec import decode_envelope
 from onceflow.config import CommonSettings, repo_root
 from onceflow.infra import stack
 from onceflow.kafka import inspect
-from onceflow.process import ServiceProcess
+from onceflow.process import ServiceProcess, free_port
 from onceflow.v1.ingest_pb2 import IngestRecord
 
 console = Console()
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class _Sender(threading.Thread):
@@ -95,7 +89,7 @@ def demo(
         ("dedup", "onceflow_dedup", {"ONCEFLOW_DEDUP_INSTANCE": "demo", "ONCEFLOW_DEDUP_ACK_MODE": "terminal"}),
         ("ingest", "onceflow_ingest", {"ONCEFLOW_INGEST_INSTANCE": "demo"}),
     ):
-        port = _free_port()
+        port = free_port()
         prefix = f"ONCEFLOW_{name.upper()}_"
         env |= {f"{prefix}PORT": str(port), f"{prefix}METRICS_PORT": "0"}
         services.append(ServiceProcess(name, module, env, log_dir, cwd=repo_root()))
