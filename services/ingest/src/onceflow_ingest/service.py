@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 
 from onceflow import acks, metrics
 from onceflow.admin import ServerTLS, ServiceServer, StatusSnapshot
 from onceflow.kafka.inspect import wait_partition_count
+from onceflow.runner import on_stop_signals
 from onceflow.txn import EXIT_FENCED as LOOP_FENCED
 from onceflow.txn import TransactionalLoop
 from onceflow.v1 import ingest_pb2, ingest_pb2_grpc
@@ -128,8 +128,7 @@ class IngestService:
     # -- lifecycle ------------------------------------------------------------------------------
 
     def run(self) -> int:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: self._stop.set())
+        on_stop_signals(self._stop.set)
         metrics.serve(self.settings.metrics_port, self.settings.host)
         replay_exit: list[int] = []
         replay_thread = None

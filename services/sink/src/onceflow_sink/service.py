@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-import signal
 
 from onceflow import metrics
 from onceflow.admin import ServerTLS, ServiceServer, StatusSnapshot
 from onceflow.redis_client import connect
+from onceflow.runner import on_stop_signals
 from onceflow.v1 import sink_pb2, sink_pb2_grpc
 
 from onceflow_sink.config import SinkSettings
@@ -72,8 +72,7 @@ def run(settings: SinkSettings) -> int:
         service_names=(sink_pb2.DESCRIPTOR.services_by_name["Query"].full_name,),
         tls=ServerTLS.from_settings(common),
     )
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: worker.stop())
+    on_stop_signals(worker.stop)
     metrics.serve(settings.metrics_port, settings.host)
     server.start()
     code = worker.run()
