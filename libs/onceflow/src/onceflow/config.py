@@ -60,6 +60,9 @@ class LoopSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ONCEFLOW_LOOP_", extra="ignore")
 
     max_batch_records: int = Field(default=1000, ge=1)
+    # Below max_batch_records the batch bound adapts: it doubles after a full batch and halves
+    # after one under a quarter full, between these two bounds. 0 = fixed at the maximum.
+    min_batch_records: int = Field(default=0, ge=0)
     max_batch_ms: int = Field(default=100, ge=1)
     session_timeout_ms: int = Field(default=10_000, ge=1000)
     # How often a stage's punctuate() runs (timeouts, sweeps), in processing time.
@@ -67,3 +70,16 @@ class LoopSettings(BaseSettings):
     # Bound on one commit/abort call; past it the outcome is indefinite and the producer is
     # recreated.
     commit_timeout_s: float = Field(default=30.0, gt=0)
+    # After a stage fails on a whole batch: the first retry waits this long, each further
+    # consecutive failure doubles it, up to the maximum. The service reports NOT_SERVING meanwhile.
+    retry_backoff_s: float = Field(default=1.0, gt=0)
+    max_retry_backoff_s: float = Field(default=30.0, gt=0)
+
+    @model_validator(mode="after")
+    def _batch_bounds(self) -> LoopSettings:
+        if self.min_batch_records > self.max_batch_records:
+            raise ValueError(
+                f"ONCEFLOW_LOOP_MIN_BATCH_RECORDS ({self.min_batch_records}) exceeds "
+                f"ONCEFLOW_LOOP_MAX_BATCH_RECORDS ({self.max_batch_records})"
+            )
+        return self

@@ -27,6 +27,8 @@ POINTS = (
     "after_dead_letters",  # sink: dead letters and offsets committed, batch not yet in Redis
     "before_apply",  # sink: about to write a batch to Redis
     "after_apply",  # sink: batch in Redis, its acks not yet sent
+    "before_job",  # compute: micro-batch decoded, the engine (Spark) job not yet run
+    "after_job",  # compute: the Spark job ran, nothing produced or committed
 )
 
 ENV = "ONCEFLOW_FAULT"

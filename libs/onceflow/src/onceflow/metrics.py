@@ -26,6 +26,9 @@ BATCH_RECORDS = Histogram(
 )
 PENDING = Gauge("onceflow_pending_records", "Records accepted but not yet committed/processed", ["service"])
 LAG = Gauge("onceflow_lag_records", "Records behind the input's high watermark, per partition", ["service", "partition"])
+STAGE_FAILURES = Counter(
+    "onceflow_stage_failures_total", "Batches a stage failed on as a whole (retried after a backoff)", ["service"]
+)
 RESTORED = Counter("onceflow_restored_records_total", "Changelog records applied on restore", ["service"])
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from onceflow import metrics
 from onceflow.admin.server import ServiceServer
@@ -28,11 +28,54 @@ def on_stop_signals(stop: Callable[[], None]) -> None:
         signal.signal(sig, handle)
 
 
-def run_loop_service(loop: TransactionalLoop, server: ServiceServer, metrics_port: int, host: str, grace_s: float = 5.0) -> int:
-    on_stop_signals(loop.stop)
+def run_loop_service(
+    loops: TransactionalLoop | Sequence[TransactionalLoop],
+    server: ServiceServer,
+    metrics_port: int,
+    host: str,
+    grace_s: float = 5.0,
+) -> int:
+    """Run one loop on the main thread, or several (a service with more than one hop) on one
+    thread each. When one ends (SIGTERM, or fenced), all stop; the worst exit code wins, so a
+    fenced hop makes the process exit 3 like a fenced single loop. gRPC health is SERVING
+    only while every loop's stage is healthy."""
+    loops = [loops] if isinstance(loops, TransactionalLoop) else list(loops)
+
+    def stop_all() -> None:
+        for loop in loops:
+            loop.stop()
+
+    on_stop_signals(stop_all)
     metrics.serve(metrics_port, host)
     server.start()
-    code = loop.run()
-    log.info("loop ended (exit %d); stopping the gRPC server", code)
+    unhealthy: set[int] = set()
+    lock = threading.Lock()
+
+    def listener(index: int) -> Callable[[bool], None]:
+        def changed(healthy: bool) -> None:
+            with lock:
+                (unhealthy.discard if healthy else unhealthy.add)(index)
+                server.set_serving(not unhealthy)
+
+        return changed
+
+    codes = [0] * len(loops)
+
+    def run(index: int) -> None:
+        try:
+            codes[index] = loops[index].run()
+        finally:
+            stop_all()
+
+    for index, loop in enumerate(loops):
+        loop.health_listener = listener(index)
+    threads = [threading.Thread(target=run, args=(i,), name=f"loop-{loops[i].stage.name}") for i in range(1, len(loops))]
+    for thread in threads:
+        thread.start()
+    run(0)
+    for thread in threads:
+        thread.join()
+    code = max(codes)
+    log.info("loops ended (exit %d); stopping the gRPC server", code)
     server.stop(grace_s)
     return code

@@ -1,39 +1,48 @@
-"""Admin controls for any service built on the shared loop."""
+"""Admin controls for any service built on the shared loop (one loop, or one per hop)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from onceflow.admin.server import StatusSnapshot
-from onceflow.txn.loop import TransactionalLoop
+from onceflow.txn.loop import LoopState, TransactionalLoop
 
 
 class LoopControls:
-    def __init__(self, loop: TransactionalLoop, gauges: Callable[[], dict[str, float]] = dict) -> None:
-        self._loop = loop
+    """With several loops, Status sums their counters and lists every hop's partitions; the
+    state is the first loop's unless a hop is FENCED or STOPPED; Pause/Resume/Drain act on all."""
+
+    def __init__(
+        self, loops: TransactionalLoop | Sequence[TransactionalLoop], gauges: Callable[[], dict[str, float]] = dict
+    ) -> None:
+        self._loops = [loops] if isinstance(loops, TransactionalLoop) else list(loops)
         self._gauges = gauges
 
     def status(self) -> StatusSnapshot:
-        stats = self._loop.stats
+        states = [loop.state for loop in self._loops]
+        state = next((s for s in (LoopState.FENCED, LoopState.STOPPED) if s in states), states[0])
+        every = [loop.stats for loop in self._loops]
         return StatusSnapshot(
-            state=self._loop.state.value,
-            partitions=[(p.topic, p.partition, p.position, p.lag) for p in stats.partitions],
-            transactions_committed=stats.committed,
-            transactions_aborted=stats.aborted,
-            records_in=stats.records_in,
-            records_out=stats.records_out,
-            last_error=stats.last_error,
+            state=state.value,
+            partitions=[(p.topic, p.partition, p.position, p.lag) for stats in every for p in stats.partitions],
+            transactions_committed=sum(s.committed for s in every),
+            transactions_aborted=sum(s.aborted for s in every),
+            records_in=sum(s.records_in for s in every),
+            records_out=sum(s.records_out for s in every),
+            last_error="; ".join(s.last_error for s in every if s.last_error),
             gauges=self._gauges(),
         )
 
     def pause(self) -> str:
-        self._loop.pause()
+        for loop in self._loops:
+            loop.pause()
         return "PAUSED"
 
     def resume(self) -> str:
-        self._loop.resume()
+        for loop in self._loops:
+            loop.resume()
         return "RUNNING"
 
     def drain(self, timeout_s: float) -> tuple[str, bool]:
-        drained = self._loop.drain(timeout_s)
+        drained = all(loop.drain(timeout_s) for loop in self._loops)
         return ("DRAINED" if drained else "DRAINING"), drained

@@ -61,6 +61,9 @@ class LoopStats:
     records_out: int = 0
     dead_letters: int = 0
     last_error: str = ""
+    # Consecutive batches the stage failed on as a whole (0 = healthy).
+    stage_failures: int = 0
+    batch_bound: int = 0
     partitions: list[PartitionProgress] = field(default_factory=list)
 
 
@@ -100,6 +103,10 @@ class TransactionalLoop:
         self._ack_partitions = 1
         self._punctuate: Callable[[Batch], None] | None = getattr(stage, "punctuate", None)
         self._next_punctuation = 0.0
+        self._batch_bound = settings.min_batch_records or settings.max_batch_records
+        self.stats.batch_bound = self._batch_bound
+        # Called with False when the stage starts failing whole batches, True once one commits.
+        self.health_listener: Callable[[bool], None] = lambda _healthy: None
 
     # -- control (any thread) --------------------------------------------------------------
 
@@ -165,9 +172,8 @@ class TransactionalLoop:
 
     def _poll(self) -> list[Message]:
         assert self._consumer is not None
-        messages = self._consumer.consume(
-            num_messages=self._settings.max_batch_records, timeout=self._settings.max_batch_ms / 1000
-        )
+        messages = self._consumer.consume(num_messages=self._batch_bound, timeout=self._settings.max_batch_ms / 1000)
+        self._adapt_batch_bound(len(messages))
         records = []
         for message in messages:
             error = message.error()
@@ -176,6 +182,18 @@ class TransactionalLoop:
             elif error.code() != KafkaError._PARTITION_EOF:
                 log.warning("consume: %s", error)
         return records
+
+    def _adapt_batch_bound(self, polled: int) -> None:
+        """Grow under load (a full batch: more was waiting), shrink when idle, so a stage with a
+        fixed cost per batch (a Spark job) amortises it at high rates and stays prompt at low."""
+        low, high = self._settings.min_batch_records, self._settings.max_batch_records
+        if not low:
+            return
+        if polled >= self._batch_bound:
+            self._batch_bound = min(high, self._batch_bound * 2)
+        elif polled < self._batch_bound // 4:
+            self._batch_bound = max(low, self._batch_bound // 2)
+        self.stats.batch_bound = self._batch_bound
 
     def _punctuation_due(self) -> bool:
         if self._punctuate is None or self._paused_now:
@@ -195,11 +213,8 @@ class TransactionalLoop:
             if punctuate and self._punctuate is not None:
                 self._punctuate(batch)
             batch.seal()
-        except Exception as exc:  # a bug in the stage itself: nothing was produced yet
-            log.exception("%s: stage failed on a batch of %d; retrying from committed offsets", self.stage.name, len(records))
-            self.stats.last_error = f"stage: {exc}"
-            self._stop.wait(1.0)
-            self._resync()
+        except Exception as exc:  # the stage failed on the whole batch: nothing was produced yet
+            self._stage_failed(exc, len(records))
             return
         assert self._producer is not None
         if not records and not batch.has_writes:
@@ -227,6 +242,27 @@ class TransactionalLoop:
         for callback in batch.after_commit:
             callback()
         self._count_commit(batch, len(records), started)
+        if self.stats.stage_failures:
+            log.info("%s: a batch committed again after %d failed attempts", self.stage.name, self.stats.stage_failures)
+            self.stats.stage_failures = 0
+            self.health_listener(True)
+
+    def _stage_failed(self, exc: Exception, count: int) -> None:
+        """Retry from the committed offsets after a backoff that doubles per consecutive
+        failure; unhealthy meanwhile, so operators (and health probes) see it."""
+        self.stats.stage_failures += 1
+        failures = self.stats.stage_failures
+        backoff = min(self._settings.max_retry_backoff_s, self._settings.retry_backoff_s * 2 ** (failures - 1))
+        log.exception(
+            "%s: stage failed on a batch of %d (%d in a row); retrying from committed offsets in %.1fs",
+            self.stage.name, count, failures, backoff,
+        )
+        self.stats.last_error = f"stage: {exc}"
+        metrics.STAGE_FAILURES.labels(self.stage.name).inc()
+        if failures == 1:
+            self.health_listener(False)
+        self._stop.wait(backoff)
+        self._resync()
 
     def _commit_batch(self, batch: Batch, records: list[Message]) -> dict[int, int]:
         """One transaction; returns the last changelog offset written per partition."""

@@ -1,0 +1,106 @@
+"""ComputeAdmin: ListJobs, GetState, Stats."""
+
+from __future__ import annotations
+
+import json
+import grpc
+import pyarrow as pa
+
+from onceflow.state.stores import PartitionStores
+from onceflow.txn import TransactionalLoop
+from onceflow.v1 import compute_pb2, compute_pb2_grpc
+
+from onceflow_compute import jobs
+from onceflow_compute.api import Aggregation, Job
+from onceflow_compute.stages import describe_aggregates, state_key
+from onceflow_compute.stats import JobCounts
+
+
+def job_info(job: Job, running: bool) -> compute_pb2.JobInfo:
+    return compute_pb2.JobInfo(
+        name=job.name,
+        kind=job.kind,
+        input_schema=_schema_text(job.schema),
+        key=job.key,
+        aggregates=describe_aggregates(job) if isinstance(job, Aggregation) else [],
+        running=running,
+    )
+
+
+def _schema_text(schema: pa.Schema) -> str:
+    return ", ".join(f"{f.name}: {f.type}{'' if f.nullable else ' not null'}" for f in schema)
+
+
+class ComputeAdminServicer(compute_pb2_grpc.ComputeAdminServicer):
+    def __init__(
+        self,
+        job: Job,
+        engine: str,
+        counts: JobCounts,
+        map_loop: TransactionalLoop,
+        stores: PartitionStores | None,
+        bounds: tuple[int, int],
+    ) -> None:
+        self._job = job
+        self._engine = engine
+        self._counts = counts
+        self._map_loop = map_loop
+        self._stores = stores
+        self._bounds = bounds
+
+    def ListJobs(self, request: compute_pb2.ListJobsRequest, context: grpc.ServicerContext) -> compute_pb2.ListJobsReply:
+        infos = [job_info(self._job, running=True)]
+        for name in jobs.builtin_names():
+            if name == self._job.name:
+                continue
+            try:
+                infos.append(job_info(jobs.load_job(name), running=False))
+            except ValueError:
+                continue
+        return compute_pb2.ListJobsReply(jobs=infos)
+
+    def GetState(self, request: compute_pb2.GetStateRequest, context: grpc.ServicerContext) -> compute_pb2.GetStateReply:
+        if not request.key:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "key: required")
+        job_name = request.job or self._job.name
+        if job_name != self._job.name:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"job {job_name!r}: this worker runs {self._job.name!r}")
+        if not isinstance(self._job, Aggregation) or self._stores is None:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"job {job_name!r} is a stateless transform")
+        assert isinstance(self._job, Aggregation) and self._stores is not None
+        skey = state_key(job_name, request.key)
+        found = next(((p, v) for p, store in self._stores.items() if (v := store.get(skey)) is not None), None)
+        if found is None:
+            # Not in this worker's partitions: another worker of the job may own the key.
+            return compute_pb2.GetStateReply(found=False, partition=-1, owned=False)
+        partition, value = found
+        partials = json.loads(value)
+        row = json.dumps(self._job.row(request.key, partials), sort_keys=True)
+        return compute_pb2.GetStateReply(
+            found=True, row=row, partials=value.decode(), partition=partition, owned=True
+        )
+
+    def Stats(self, request: compute_pb2.ComputeStatsRequest, context: grpc.ServicerContext) -> compute_pb2.ComputeStatsReply:
+        counts = self._counts
+        batches_per_s, records_per_s = counts.rates()
+        loop_stats = self._map_loop.stats
+        keys = 0
+        if self._stores is not None:
+            keys = sum(len(store) for _p, store in self._stores.items())  # type: ignore[arg-type]
+        return compute_pb2.ComputeStatsReply(
+            job=self._job.name,
+            engine=self._engine,
+            batch_size=loop_stats.batch_bound,
+            min_batch_size=self._bounds[0],
+            max_batch_size=self._bounds[1],
+            batches_per_second=batches_per_s,
+            records_per_second=records_per_s,
+            job_seconds_p50=counts.job_seconds(0.5),
+            job_seconds_p99=counts.job_seconds(0.99),
+            records_in=counts.records_in,
+            dead_letters=counts.dead_letters,
+            results=counts.results,
+            keys_in_state=keys,
+            healthy=loop_stats.stage_failures == 0,
+            last_error=loop_stats.last_error,
+        )

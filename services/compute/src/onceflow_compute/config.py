@@ -1,0 +1,68 @@
+"""Compute worker settings: ONCEFLOW_COMPUTE_* (plus the common ONCEFLOW_* and ONCEFLOW_LOOP_*)."""
+
+from __future__ import annotations
+
+import enum
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from onceflow.config import CommonSettings, LoopSettings
+
+
+class EngineName(str, enum.Enum):
+    SPARK = "spark"
+    PANDAS = "pandas"  # the benchmark's in-process baseline: aggregations without prepare only
+
+
+class ComputeSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ONCEFLOW_COMPUTE_", extra="ignore")
+
+    common: CommonSettings = Field(default_factory=CommonSettings)
+    # The merge hop batches as ONCEFLOW_LOOP_* say; the map hop's bounds are below.
+    loop: LoopSettings = Field(default_factory=LoopSettings)
+    # A built-in job (wordcount, usersum, bigspend) or an importable module defining `job`.
+    job: str = "usersum"
+    host: str = "127.0.0.1"
+    port: int = Field(default=50054, ge=0, le=65535)
+    metrics_port: int = Field(default=9104, ge=0, le=65535)
+    # Stable across restarts: the transactional ids derive from it.
+    instance: str = "compute-0"
+    engine: EngineName = EngineName.SPARK
+    # Spark: any master URL (local[*], spark://host:7077, ...). Small-memory defaults.
+    spark_master: str = "local[*]"
+    spark_shuffle_partitions: int = Field(default=2, ge=1)
+    spark_driver_memory: str = "1g"
+    # The map hop's micro-batch: adaptive between these bounds (Spark costs ~0.1-0.2 s per
+    # job in local mode, so big batches amortise it under load; small ones keep latency low).
+    min_batch_records: int = Field(default=500, ge=1)
+    max_batch_records: int = Field(default=20_000, ge=1)
+    max_batch_ms: int = Field(default=200, ge=1)
+    # Engine runs spent finding the records a failing job raises on, per batch.
+    bisect_budget: int = Field(default=64, ge=1)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ComputeSettings:
+        if self.min_batch_records > self.max_batch_records:
+            raise ValueError(
+                f"ONCEFLOW_COMPUTE_MIN_BATCH_RECORDS ({self.min_batch_records}) exceeds "
+                f"ONCEFLOW_COMPUTE_MAX_BATCH_RECORDS ({self.max_batch_records})"
+            )
+        return self
+
+    @property
+    def map_loop(self) -> LoopSettings:
+        return self.loop.model_copy(
+            update={
+                "min_batch_records": self.min_batch_records,
+                "max_batch_records": self.max_batch_records,
+                "max_batch_ms": self.max_batch_ms,
+            }
+        )
+
+    def transactional_id(self, job: str, hop: str) -> str:
+        return f"{self.common.topic_prefix}onceflow-compute-{job}-{hop}-{self.instance}"
+
+    def group_id(self, job: str, hop: str) -> str:
+        """One consumer group per job and hop: the workers of a job split its partitions."""
+        return f"{self.common.topic_prefix}onceflow-compute-{job}-{hop}"

@@ -1,0 +1,106 @@
+"""What runs a job over one micro-batch: Spark (the product) or pandas (the in-process baseline
+the benchmark measures Spark's per-batch overhead against).
+
+An engine returns Arrow: for an aggregation one row per group key (column ``__key``, then the
+aggregates' partial columns in order), for a transform the transform's rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Protocol
+
+import pyarrow as pa
+
+from onceflow_compute.api import Aggregation, Transform
+
+log = logging.getLogger(__name__)
+
+KEY = "__key"
+
+
+class Engine(Protocol):
+    name: str
+
+    def partials(self, job: Aggregation, table: pa.Table) -> pa.Table: ...
+
+    def transform(self, job: Transform, table: pa.Table) -> pa.Table: ...
+
+    def close(self) -> None: ...
+
+
+def partial_columns(job: Aggregation) -> list[str]:
+    return [f"a{i}_{j}" for i, aggregate in enumerate(job.aggregates) for j in range(aggregate.width)]
+
+
+class SparkEngine:
+    """One long-lived SparkSession. Each batch: Arrow table -> DataFrame -> job -> Arrow."""
+
+    name = "spark"
+
+    def __init__(self, master: str, shuffle_partitions: int, driver_memory: str, app_name: str) -> None:
+        from pyspark.sql import SparkSession
+
+        # The Python the workers run must be ours (the job's imports live in this venv).
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        self.session = (
+            SparkSession.builder.master(master)
+            .appName(app_name)
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+            .config("spark.default.parallelism", str(shuffle_partitions))
+            .config("spark.driver.memory", driver_memory)
+            .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+            .config("spark.sql.session.timeZone", "UTC")
+            .getOrCreate()
+        )
+        self.session.sparkContext.setLogLevel("WARN")
+        log.info("Spark %s session on %s (%s shuffle partitions)", self.session.version, master, shuffle_partitions)
+
+    def frame(self, table: pa.Table):  # noqa: ANN201 - a pyspark DataFrame
+        return self.session.createDataFrame(table)
+
+    def partials(self, job: Aggregation, table: pa.Table) -> pa.Table:
+        from pyspark.sql import functions as F
+
+        frame = self.frame(table)
+        if job.prepare is not None:
+            frame = job.prepare(frame)
+        columns = [c for aggregate in job.aggregates for c in aggregate.spark()]
+        named = [c.alias(n) for c, n in zip(columns, partial_columns(job), strict=True)]
+        grouped = frame.where(F.col(job.key).isNotNull()).groupBy(F.col(job.key).cast("string").alias(KEY))
+        return grouped.agg(*named).toArrow()
+
+    def transform(self, job: Transform, table: pa.Table) -> pa.Table:
+        return job.transform(self.frame(table)).toArrow()
+
+    def close(self) -> None:
+        self.session.stop()
+
+
+class PandasEngine:
+    """The same aggregation in plain pandas, in the worker's process: no JVM, no per-batch
+    job. Jobs with a Spark ``prepare`` or a transform cannot run here."""
+
+    name = "pandas"
+
+    def partials(self, job: Aggregation, table: pa.Table) -> pa.Table:
+        if job.prepare is not None:
+            raise ValueError(f"job {job.name}: the pandas engine runs only aggregations without prepare")
+        frame = table.to_pandas()
+        frame = frame[frame[job.key].notna()]
+        groups = frame.groupby(frame[job.key].astype(str), sort=False)
+        series = [s for aggregate in job.aggregates for s in aggregate.pandas(groups)]
+        arrays = {KEY: pa.array(series[0].index.astype(str))} if series else {}
+        for name, s in zip(partial_columns(job), series, strict=True):
+            arrays[name] = pa.array(s.to_numpy(), from_pandas=True)
+        return pa.table(arrays)
+
+    def transform(self, job: Transform, table: pa.Table) -> pa.Table:
+        raise ValueError(f"job {job.name}: transforms need the Spark engine")
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,26 @@
+"""Job discovery: built-in jobs by name, or any importable module that defines ``job``."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from onceflow_compute.api import Aggregation, Job, Transform
+
+
+def builtin_names() -> list[str]:
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+
+
+def load_job(name: str) -> Job:
+    """``wordcount`` (built-in) or ``my_pkg.my_job`` (a module with a ``job`` attribute)."""
+    module_name = name if "." in name else f"{__name__}.{name}"
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        known = ", ".join(builtin_names())
+        raise ValueError(f"no job {name!r}: not a built-in ({known}) nor an importable module ({exc})") from exc
+    job = getattr(module, "job", None)
+    if not isinstance(job, (Aggregation, Transform)):
+        raise ValueError(f"module {module_name} has no `job` (an Aggregation or a Transform)")
+    return job

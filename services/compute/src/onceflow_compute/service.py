@@ -1,0 +1,112 @@
+"""Composition: settings -> the job and its engine -> the map hop (and, for an aggregation, the
+merge hop) on the shared loop -> gRPC (Admin + ComputeAdmin + health)."""
+
+from __future__ import annotations
+
+import logging
+
+from onceflow.admin import ServerTLS, ServiceServer
+from onceflow.admin.loop_controls import LoopControls
+from onceflow.runner import run_loop_service
+from onceflow.txn import TransactionalLoop
+from onceflow.v1 import compute_pb2, compute_pb2_grpc
+
+from onceflow_compute import jobs, stats
+from onceflow_compute.admin import ComputeAdminServicer
+from onceflow_compute.api import Aggregation
+from onceflow_compute.config import ComputeSettings, EngineName
+from onceflow_compute.engines import Engine, PandasEngine, SparkEngine
+from onceflow_compute.stages import MapStage, MergeStage
+
+log = logging.getLogger(__name__)
+
+
+def make_engine(settings: ComputeSettings, job_name: str) -> Engine:
+    if settings.engine is EngineName.PANDAS:
+        return PandasEngine()
+    return SparkEngine(
+        settings.spark_master,
+        settings.spark_shuffle_partitions,
+        settings.spark_driver_memory,
+        app_name=f"onceflow-compute-{job_name}-{settings.instance}",
+    )
+
+
+def build(settings: ComputeSettings) -> tuple[list[TransactionalLoop], ServiceServer, Engine]:
+    common = settings.common
+    job = jobs.load_job(settings.job)  # a bad job name fails here, before Spark starts
+    engine = make_engine(settings, job.name)
+    counts = stats.JobCounts()
+    map_stage = MapStage(
+        job,
+        engine,
+        common.topic("compute.partials"),
+        common.topic("compute.results"),
+        counts,
+        settings.bisect_budget,
+    )
+    map_loop = TransactionalLoop(
+        stage=map_stage,
+        common=common,
+        settings=settings.map_loop,
+        input_topic=common.topic("dedup.records"),
+        group_id=settings.group_id(job.name, "map"),
+        transactional_id=settings.transactional_id(job.name, "map"),
+        dlq_topic=common.topic("compute.dlq"),
+    )
+    loops = [map_loop]
+    stores = None
+    if isinstance(job, Aggregation):
+        merge_loop = TransactionalLoop(
+            stage=MergeStage(job, common.topic("compute.results"), counts),
+            common=common,
+            settings=settings.loop,
+            input_topic=common.topic("compute.partials"),
+            group_id=settings.group_id(job.name, "merge"),
+            transactional_id=settings.transactional_id(job.name, "merge"),
+            dlq_topic=common.topic("compute.dlq"),
+            changelog_topic=common.topic("compute.changelog"),
+        )
+        loops.append(merge_loop)
+        stores = merge_loop.stores
+
+    admin = ComputeAdminServicer(
+        job,
+        engine.name,
+        counts,
+        map_loop,
+        stores,
+        (settings.min_batch_records, settings.max_batch_records),
+    )
+
+    def gauges() -> dict[str, float]:
+        keys = 0 if stores is None else sum(len(store) for _p, store in stores.items())  # type: ignore[arg-type]
+        stats.BATCH_BOUND.labels(job.name).set(map_loop.stats.batch_bound)
+        stats.KEYS.labels(job.name).set(keys)
+        return {
+            "batch_bound": float(map_loop.stats.batch_bound),
+            "keys_in_state": float(keys),
+            "results": float(counts.results),
+            "job_seconds_p99": counts.job_seconds(0.99),
+        }
+
+    server = ServiceServer(
+        service="compute",
+        instance=settings.instance,
+        host=settings.host,
+        port=settings.port,
+        controls=LoopControls(loops, gauges),
+        admin_token=common.admin_token,
+        tls=ServerTLS.from_settings(common),
+        add_servicers=lambda server: compute_pb2_grpc.add_ComputeAdminServicer_to_server(admin, server),
+        service_names=(compute_pb2.DESCRIPTOR.services_by_name["ComputeAdmin"].full_name,),
+    )
+    return loops, server, engine
+
+
+def run(settings: ComputeSettings) -> int:
+    loops, server, engine = build(settings)
+    try:
+        return run_loop_service(loops, server, settings.metrics_port, settings.host)
+    finally:
+        engine.close()

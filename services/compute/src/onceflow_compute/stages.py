@@ -1,0 +1,229 @@
+"""The two hops of a compute worker, both stages of the shared transactional loop.
+
+map (stateless, the engine): dedup.records -> one Arrow table -> the job -> for an aggregation,
+    one partial aggregate per group key to compute.partials (keyed by job and group key, so the
+    key's state has one owner whatever the input's key was); for a transform, result rows
+    straight to compute.results. The input's tuple trees end here: from this transaction on, the
+    record's effect is durable in Kafka, and every later hop is a transaction too.
+merge (stateful, no engine): compute.partials -> merge into the key's state (changelog-backed)
+    -> for each key whose row changed, ``-old`` then ``+new`` to compute.results.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+
+import pyarrow as pa
+from confluent_kafka import Message
+
+from onceflow import faults
+from onceflow.txn.batch import Batch
+from onceflow.v1.compute_pb2 import PartialAggregate
+from onceflow.v1.results_pb2 import ResultChange
+
+from onceflow_compute import stats
+from onceflow_compute.api import Aggregation, JSONValue, Transform, encode_json
+from onceflow_compute.engines import KEY, Engine, partial_columns
+from onceflow_compute.frames import build_frame
+
+log = logging.getLogger(__name__)
+
+
+class JobFailed(RuntimeError):
+    """The job failed on every record of a batch: the job (or the engine) is broken, not a
+    record. The loop aborts, backs off and reports the service unhealthy."""
+
+
+def state_key(job: str, key: str) -> bytes:
+    return f"{job}\x00{key}".encode()
+
+
+def result_change(job: str, key: str, op: ResultChange.Op.ValueType, row: dict[str, JSONValue]) -> bytes:
+    return ResultChange(job=job, key=key, op=op, value=encode_json(row)).SerializeToString()
+
+
+class MapStage:
+    name = "compute"
+
+    def __init__(
+        self,
+        job: Aggregation | Transform,
+        engine: Engine,
+        partials_topic: str,
+        results_topic: str,
+        counts: stats.JobCounts,
+        bisect_budget: int = 64,
+    ) -> None:
+        self.job = job
+        self.engine = engine
+        self._partials_topic = partials_topic
+        self._results_topic = results_topic
+        self.counts = counts
+        self._bisect_budget = bisect_budget
+
+    def process(self, batch: Batch) -> None:
+        frame = build_frame(batch.records, self.job.schema)
+        for record, envelope, reason in frame.rejected:
+            batch.dead_letter(record, reason)
+            if envelope is not None:
+                batch.ack(envelope)  # dead-lettered is processed: the tree ends here
+        job_seconds: float | None = None
+        emitted = 0
+        if frame.table.num_rows:
+            faults.point("before_job")
+            started = time.monotonic()
+            outputs, failed = self._run(frame.table, list(range(frame.table.num_rows)), [self._bisect_budget])
+            job_seconds = time.monotonic() - started
+            faults.point("after_job")
+            if failed and len(failed) == frame.table.num_rows and len(failed) > 1:
+                raise JobFailed(f"job {self.job.name} failed on all {len(failed)} records: {next(iter(failed.values()))}")
+            for index, error in sorted(failed.items()):
+                batch.dead_letter(frame.records[index], f"job {self.job.name} failed on this record: {error}")
+            emitted = self._emit(outputs, batch)
+        for envelope in frame.envelopes:
+            batch.ack(envelope)
+        self._count_after_commit(batch, job_seconds, emitted)
+
+    def _run(self, table: pa.Table, rows: list[int], budget: list[int]) -> tuple[list[pa.Table], dict[int, str]]:
+        """Run the job; if it raises, bisect to find the records it raises on (each costs an
+        engine run, so at most ``budget`` runs; past it every remaining record counts as failed)."""
+        budget[0] -= 1
+        try:
+            if isinstance(self.job, Aggregation):
+                return [self.engine.partials(self.job, table)], {}
+            return [self.engine.transform(self.job, table)], {}
+        except Exception as exc:  # noqa: BLE001 - the user's job may raise anything
+            error = _describe(exc)
+            if len(rows) == 1 or budget[0] <= 0:
+                return [], dict.fromkeys(rows, error)
+        middle = len(rows) // 2
+        left, left_failed = self._run(table.slice(0, middle), rows[:middle], budget)
+        right, right_failed = self._run(table.slice(middle), rows[middle:], budget)
+        return left + right, left_failed | right_failed
+
+    def _emit(self, outputs: list[pa.Table], batch: Batch) -> int:
+        job = self.job
+        if isinstance(job, Transform):
+            emitted = 0
+            for table in outputs:
+                if job.key not in table.column_names:
+                    raise JobFailed(f"job {job.name}: the transform's output has no key column {job.key!r}")
+                for row in table.to_pylist():
+                    key = str(row[job.key])
+                    value = result_change(job.name, key, ResultChange.UPSERT, row)
+                    batch.emit(self._results_topic, value, key=state_key(job.name, key))
+                    emitted += 1
+            return emitted
+        # Bisection may have split the batch: merge the parts' partials per key first.
+        merged: dict[str, list[JSONValue]] = {}
+        for table in outputs:
+            for key, partials in _partials_by_key(job, table):
+                merged[key] = job.merge(merged[key], partials) if key in merged else partials
+        for key, partials in merged.items():
+            value = PartialAggregate(job=job.name, key=key, partials=encode_json(partials))
+            batch.emit(self._partials_topic, value.SerializeToString(), key=state_key(job.name, key))
+        return len(merged)
+
+    def _count_after_commit(self, batch: Batch, job_seconds: float | None, emitted: int) -> None:
+        records, dead = len(batch.records), batch.dead_letters
+
+        def count() -> None:
+            self.counts.batch_committed(records, job_seconds, dead, emitted if isinstance(self.job, Transform) else 0)
+            if job_seconds is not None:
+                stats.JOB_SECONDS.labels(self.job.name, self.engine.name).observe(job_seconds)
+            if isinstance(self.job, Transform):
+                stats.RESULTS.labels(self.job.name).inc(emitted)
+
+        batch.after_commit.append(count)
+
+
+def _partials_by_key(job: Aggregation, table: pa.Table) -> list[tuple[str, list[JSONValue]]]:
+    keys = table.column(KEY).to_pylist()
+    columns = [table.column(name).to_pylist() for name in partial_columns(job)]
+    out = []
+    for row, key in enumerate(keys):
+        partials, at = [], 0
+        for aggregate in job.aggregates:
+            partials.append(aggregate.partial([columns[at + j][row] for j in range(aggregate.width)]))
+            at += aggregate.width
+        out.append((key, partials))
+    return out
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip()
+    # Spark's PythonException carries the worker's whole traceback: keep its last line.
+    lines = [line for line in text.splitlines() if line.strip()]
+    summary = lines[-1] if lines else ""
+    return f"{type(exc).__name__}: {summary}"[:1000]
+
+
+class MergeStage:
+    name = "compute-merge"
+
+    def __init__(self, job: Aggregation, results_topic: str, counts: stats.JobCounts) -> None:
+        self.job = job
+        self._results_topic = results_topic
+        self.counts = counts
+
+    def process(self, batch: Batch) -> None:
+        job = self.job
+        # The rows as committed before this batch, per (partition, key): one -old/+new per key
+        # per transaction, however many partials of it the batch held.
+        before: dict[tuple[int, str], list[JSONValue] | None] = {}
+        for record in batch.records:
+            savepoint = batch.savepoint()
+            try:
+                partial = self._decode(record)
+                if partial is None:
+                    continue  # another job's partial
+                key, values = partial
+                state = batch.state(record.partition())
+                current = state.get(state_key(job.name, key))
+                current_partials = None if current is None else json.loads(current)
+                before.setdefault((record.partition(), key), current_partials)
+                merged = values if current_partials is None else job.merge(current_partials, values)
+                state.put(state_key(job.name, key), encode_json(merged))
+            except Exception as exc:  # noqa: BLE001 - one bad partial must not stop the stream
+                batch.rollback_to(savepoint)
+                batch.dead_letter(record, exc)
+        changes = 0
+        for (partition, key), old in before.items():
+            new = json.loads(batch.state(partition).get(state_key(job.name, key)) or b"null")
+            if new is None:
+                continue
+            old_row = None if old is None else job.row(key, old)
+            new_row = job.row(key, new)
+            if old_row == new_row:
+                continue
+            kafka_key = state_key(job.name, key)
+            if old_row is not None:
+                batch.emit(self._results_topic, result_change(job.name, key, ResultChange.RETRACT, old_row), key=kafka_key)
+                changes += 1
+            batch.emit(self._results_topic, result_change(job.name, key, ResultChange.UPSERT, new_row), key=kafka_key)
+            changes += 1
+        self._count_after_commit(batch, changes)
+
+    def _decode(self, record: Message) -> tuple[str, list[JSONValue]] | None:
+        partial = PartialAggregate.FromString(record.value() or b"")
+        if partial.job != self.job.name:
+            return None
+        values = json.loads(partial.partials)
+        if not isinstance(values, list) or len(values) != len(self.job.aggregates):
+            raise ValueError(f"partials of {partial.key!r}: expected {len(self.job.aggregates)} values, got {values!r}")
+        return partial.key, values
+
+    def _count_after_commit(self, batch: Batch, changes: int) -> None:
+        def count() -> None:
+            self.counts.results += changes
+            stats.RESULTS.labels(self.job.name).inc(changes)
+
+        batch.after_commit.append(count)
+
+
+def describe_aggregates(job: Aggregation) -> Sequence[str]:
+    return [aggregate.describe() for aggregate in job.aggregates]
+
