@@ -15,6 +15,7 @@ import enum
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -64,6 +65,8 @@ class LoopStats:
     # Consecutive batches the stage failed on as a whole (0 = healthy).
     stage_failures: int = 0
     batch_bound: int = 0
+    # Seconds from poll return to commit, of the last committed transactions (benches, Stats).
+    batch_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=2000))
     partitions: list[PartitionProgress] = field(default_factory=list)
 
 
@@ -308,7 +311,9 @@ class TransactionalLoop:
         metrics.RECORDS_OUT.labels(name).inc(produced)
         metrics.DEAD_LETTERS.labels(name).inc(batch.dead_letters)
         metrics.BATCH_RECORDS.labels(name).observe(count)
-        metrics.COMMIT_SECONDS.labels(name).observe(time.monotonic() - started)
+        elapsed = time.monotonic() - started
+        self.stats.batch_seconds.append(elapsed)
+        metrics.COMMIT_SECONDS.labels(name).observe(elapsed)
 
     def _note_failure(self, message: str) -> None:
         self.stats.aborted += 1
