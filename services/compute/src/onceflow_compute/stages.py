@@ -63,6 +63,7 @@ class MapStage:
         self._results_topic = results_topic
         self.counts = counts
         self._bisect_budget = bisect_budget
+        self._last_error = ""
 
     def process(self, batch: Batch) -> None:
         frame = build_frame(batch.records, self.job.schema)
@@ -88,17 +89,23 @@ class MapStage:
         self._count_after_commit(batch, job_seconds, emitted)
 
     def _run(self, table: pa.Table, rows: list[int], budget: list[int]) -> tuple[list[pa.Table], dict[int, str]]:
-        """Run the job; if it raises, bisect to find the records it raises on (each costs an
-        engine run, so at most ``budget`` runs; past it every remaining record counts as failed)."""
+        """Run the job; if it raises, bisect to find the records it raises on alone. Each step
+        costs an engine run: past ``budget`` runs the batch fails as a whole (a record is only
+        dead-lettered once it failed alone)."""
+        if budget[0] <= 0:
+            raise JobFailed(
+                f"job {self.job.name} fails on many records; they could not be isolated within "
+                f"{self._bisect_budget} engine runs; last error: {self._last_error}"
+            )
         budget[0] -= 1
         try:
             if isinstance(self.job, Aggregation):
                 return [self.engine.partials(self.job, table)], {}
             return [self.engine.transform(self.job, table)], {}
         except Exception as exc:  # noqa: BLE001 - the user's job may raise anything
-            error = _describe(exc)
-            if len(rows) == 1 or budget[0] <= 0:
-                return [], dict.fromkeys(rows, error)
+            self._last_error = _describe(exc)
+            if len(rows) == 1:
+                return [], {rows[0]: self._last_error}
         middle = len(rows) // 2
         left, left_failed = self._run(table.slice(0, middle), rows[:middle], budget)
         right, right_failed = self._run(table.slice(middle), rows[middle:], budget)

@@ -262,6 +262,9 @@ class TransactionalLoop:
         )
         self.stats.last_error = f"stage: {exc}"
         metrics.STAGE_FAILURES.labels(self.stage.name).inc()
+        if self._settings.min_batch_records:  # a smaller retry is cheaper to pick apart
+            self._batch_bound = max(self._settings.min_batch_records, self._batch_bound // 2)
+            self.stats.batch_bound = self._batch_bound
         if failures == 1:
             self.health_listener(False)
         self._stop.wait(backoff)

@@ -1,0 +1,133 @@
+"""The map hop's handling of bad input, with the pandas engine (no JVM) or a failing stub:
+schema violations are found by bisecting the Arrow parse, records a job raises on by bisecting
+the engine run, and a job that fails on everything is a job failure, not poison."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pytest
+from confluent_kafka import Message
+
+from onceflow.codec import encode_envelope
+from onceflow.txn.batch import Batch
+from onceflow.v1.compute_pb2 import PartialAggregate
+from onceflow.v1.envelope_pb2 import DeadLetter, Envelope
+from onceflow_compute import stats
+from onceflow_compute.api import Aggregation, Count, Sum
+from onceflow_compute.engines import PandasEngine
+from onceflow_compute.frames import build_frame
+from onceflow_compute.stages import JobFailed, MapStage
+
+pytestmark = pytest.mark.compute
+
+SCHEMA = pa.schema([pa.field("user", pa.string(), nullable=False), pa.field("amount", pa.int64(), nullable=False)])
+JOB = Aggregation(name="sum", schema=SCHEMA, key="user", aggregates=(Sum("amount", name="total"), Count("count")))
+
+
+def record(offset: int, payload: bytes) -> Message:
+    envelope = Envelope(record_id=f"r{offset}", root_id=offset + 1, edge_id=offset + 100, payload=payload, key=b"u")
+    return Message(topic="dedup.records", partition=0, offset=offset, key=b"u", value=encode_envelope(envelope))
+
+
+def good(offset: int, user: str = "u", amount: int = 1) -> Message:
+    return record(offset, json.dumps({"user": user, "amount": amount}).encode())
+
+
+def test_one_vectorised_parse_for_clean_payloads_with_metadata_columns() -> None:
+    frame = build_frame([good(0, "a", 5), record(1, b'{\n "user": "b",\n "amount": 7\n}')], SCHEMA)
+    assert not frame.rejected
+    assert frame.table.select(["user", "amount", "_record_id"]).to_pylist() == [
+        {"user": "a", "amount": 5, "_record_id": "r0"}, {"user": "b", "amount": 7, "_record_id": "r1"},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        (b'{"user": "a", "amount": "ten"}', "changed from number to string"),
+        (b'{"amount": 3}', "a required field is missing"),
+        (b"[1, 2]", "changed from object to array"),
+        (b"", "empty payload"),
+        (b'{"user": "a", "amount": 1} {"user": "b", "amount": 2}', "more than one JSON value"),
+        (b"not json", "schema violation"),
+    ],
+)
+def test_each_bad_payload_is_named_among_good_ones(payload: bytes, reason: str) -> None:
+    records = [good(i) for i in range(40)]
+    records.insert(17, record(99, payload))
+    frame = build_frame(records, SCHEMA)
+    assert [(r.offset(), e is not None) for r, e, _ in frame.rejected] == [(99, True)]
+    assert reason in frame.rejected[0][2]
+    assert frame.table.num_rows == 40 and [r.offset() for r in frame.records] == list(range(40))
+
+
+def test_undecodable_bytes_are_rejected_without_an_envelope() -> None:
+    bad = Message(topic="dedup.records", partition=0, offset=5, key=b"x", value=b"\xff\x00junk")
+    frame = build_frame([good(0), bad], SCHEMA)
+    assert [(r.offset(), e) for r, e, _ in frame.rejected] == [(5, None)]
+
+
+class RaisesOn:
+    """A job engine that fails whenever the batch holds a poisoned amount."""
+
+    name = "stub"
+
+    def __init__(self, poison: set[int]) -> None:
+        self.poison = poison
+        self.runs = 0
+
+    def partials(self, job: Aggregation, table: pa.Table) -> pa.Table:
+        self.runs += 1
+        if self.poison & set(table.column("amount").to_pylist()):
+            raise ValueError("amount is poison")
+        return PandasEngine().partials(job, table)
+
+    def transform(self, job, table):  # noqa: ANN001, ANN201
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+def run_stage(records: list[Message], engine: object, budget: int = 64) -> Batch:
+    batch = Batch(records, None, "compute.dlq", "compute", "acker.acks", 1)
+    MapStage(JOB, engine, "compute.partials", "compute.results", stats.JobCounts(), budget).process(batch)  # type: ignore[arg-type]
+    return batch
+
+
+def test_records_the_job_raises_on_are_found_by_bisection_and_the_rest_is_aggregated() -> None:
+    records = [good(i, f"u{i % 3}", amount=i) for i in range(1, 200)]
+    engine = RaisesOn({57, 140})
+    batch = run_stage(records, engine)
+    letters = [DeadLetter.FromString(o.value) for o in batch.outputs if o.topic == "compute.dlq"]
+    assert sorted(letter.source_offset for letter in letters) == [57, 140]
+    assert all("amount is poison" in letter.message for letter in letters)
+    partials = {p.key: json.loads(p.partials) for p in
+                (PartialAggregate.FromString(o.value) for o in batch.outputs if o.topic == "compute.partials")}
+    expected = {f"u{k}": [sum(i for i in range(1, 200) if i % 3 == k and i not in (57, 140)),
+                          sum(1 for i in range(1, 200) if i % 3 == k and i not in (57, 140))] for k in range(3)}
+    assert partials == expected
+    assert engine.runs < 40  # bisection, not one run per record
+    acks = [o for o in batch.outputs if o.topic == "acker.acks"]
+    assert not acks  # not sealed yet: the loop seals; every record is acked in the buffer
+    batch.seal()
+    assert [o for o in batch.outputs if o.topic == "acker.acks"]
+
+
+def test_a_job_failing_on_every_record_fails_the_batch_instead_of_dead_lettering_it() -> None:
+    with pytest.raises(JobFailed, match="failed on all 6 records"):
+        run_stage([good(i, amount=7) for i in range(6)], RaisesOn({7}))
+    engine = RaisesOn({7})
+    with pytest.raises(JobFailed, match="could not be isolated within 64 engine runs"):
+        run_stage([good(i, amount=7) for i in range(5000)], engine)
+    assert engine.runs == 64
+
+
+def test_the_bisection_budget_bounds_the_engine_runs() -> None:
+    records = [good(i, amount=i) for i in range(1000)]
+    engine = RaisesOn(set(range(0, 1000, 3)))
+    with pytest.raises(JobFailed, match="could not be isolated within 16 engine runs"):
+        run_stage(records, engine, budget=16)
+    assert engine.runs <= 16
