@@ -8,10 +8,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from onceflow.codec import decode_envelope
-from onceflow.kafka.inspect import TopicRecord, end_offsets, hanging_transactions, read_committed
+from onceflow.kafka.inspect import TopicRecord, consumed_everything, end_offsets, hanging_transactions, read_committed
 
 __all__ = [
-    "DeliveryReport", "TopicRecord", "end_offsets", "hanging_transactions", "latest_by_key", "read_committed",
+    "DeliveryReport", "ResultFold", "TopicRecord", "consumed_everything", "end_offsets", "fold_results", "hanging_transactions", "latest_by_key", "read_committed",
     "record_id", "record_id_of_bytes",
 ]
 
@@ -78,3 +78,38 @@ class DeliveryReport:
         assert not self.missing and not self.unexpected and not unexplained, (
             f"{self.summary()} unexplained duplicates={sorted(unexplained)[:5]}"
         )
+
+
+@dataclass
+class ResultFold:
+    """compute.results of one job applied in order: the final table, and every change that
+    contradicts the table at that point (a duplicate or a lost change shows up here)."""
+
+    table: dict[str, bytes] = field(default_factory=dict)
+    changes: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
+def fold_results(records: Iterable[TopicRecord], job: str) -> ResultFold:
+    from onceflow.v1.results_pb2 import ResultChange
+
+    fold = ResultFold()
+    upserts: set[tuple[str, bytes]] = set()
+    for record in sorted(records, key=lambda r: (r.partition, r.offset)):
+        change = ResultChange.FromString(record.value)
+        if change.job != job:
+            continue
+        fold.changes += 1
+        current = fold.table.get(change.key)
+        if change.op == ResultChange.RETRACT:
+            if current != change.value:
+                fold.problems.append(f"{change.key}: retracts {change.value!r} but the row is {current!r}")
+            fold.table.pop(change.key, None)
+        else:
+            if current is not None:
+                fold.problems.append(f"{change.key}: upsert {change.value!r} over {current!r} without a retraction")
+            if (change.key, change.value) in upserts:
+                fold.problems.append(f"{change.key}: the row {change.value!r} was upserted twice")
+            upserts.add((change.key, change.value))
+            fold.table[change.key] = change.value
+    return fold

