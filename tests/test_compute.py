@@ -3,7 +3,8 @@ points (one between the Spark job and the commit), a zombie, a rebalance and 1% 
 
 The checker folds compute.results (read_committed) in order: every retraction must withdraw the
 row in place and no row may be upserted twice, so a replayed or lost partial shows up even
-before the final table is compared with batch mode and with pandas over the same input."""
+before the final table is compared with batch mode (one Spark batch job) and with pandas over
+the same input."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -22,6 +24,8 @@ from confluent_kafka import Producer
 from onceflow.codec import encode_envelope, new_id, now_ms
 from onceflow.txn.loop import EXIT_FENCED
 from onceflow.v1.envelope_pb2 import DeadLetter, Envelope
+from onceflow_compute.batch import run_batch, spark_engine
+from onceflow_compute.engines import SparkEngine
 from tests.conftest import Pipeline, eventually, free_port
 from tests.harness import checker
 from tests.harness.process import ServiceProcess
@@ -139,43 +143,64 @@ INPUTS = {"usersum": lambda: usersum_inputs(16_000, seed=1), "wordcount": lambda
 
 
 @pytest.fixture(scope="module")
-def batch_tables() -> Iterator[dict[str, dict[str, dict]]]:
-    """Batch mode (one Spark batch job) over the same distinct input as the streaming runs."""
-    yield {}
+def spark() -> Iterator[SparkEngine]:
+    engine = spark_engine(master="local[1]")
+    yield engine
+    engine.close()
+
+
+def batch_table(engine: SparkEngine, job: str, inputs: list[Input], tmp_path: Path) -> dict[str, dict]:
+    """Batch mode (one Spark batch job) over the same records, poison included."""
+    path = tmp_path / f"{job}.jsonl"
+    path.write_bytes(b"\n".join(i.payload for i in inputs) + b"\n")
+    result = run_batch(job, path, engine)
+    assert result.rows_in == len(inputs) and result.dropped == sum(not i.valid for i in inputs)
+    return result.table
 
 
 @pytest.mark.fault
 @pytest.mark.parametrize("job", ["usersum", "wordcount"])
-def test_two_workers_stay_exact_through_five_kill9s_and_a_zombie(pipeline: Pipeline, job: str) -> None:
+def test_two_workers_stay_exact_through_kill9s_a_zombie_and_a_rebalance(
+    pipeline: Pipeline, job: str, spark: SparkEngine, tmp_path: Path
+) -> None:
     inputs = INPUTS[job]()
-    sender = threading.Thread(target=produce, args=(pipeline, inputs, 20, 1.5), daemon=True)
+    expected = pandas_table(job, inputs)
+    assert batch_table(spark, job, inputs, tmp_path) == expected
+    main, zombie_tail, last = inputs[: -len(inputs) // 10], inputs[-len(inputs) // 10 : -len(inputs) // 20], inputs[-len(inputs) // 20 :]
+    sender = threading.Thread(target=produce, args=(pipeline, main, 10, 1.5), daemon=True)
     sender.start()
-    workers = {name: worker(pipeline, job, name).start() for name in ("a", "b")}
-    rng = random.Random(hash(job) % 1000)
+    workers = {"a": worker(pipeline, job, "a").start()}
+    workers["a"].wait_log("compute: assigned", 120)
+    workers["b"] = worker(pipeline, job, "b").start()  # joins: a hands over half its partitions
+    rng = random.Random(7 if job == "usersum" else 8)
     # Five kill -9s: four at random moments (startup, restore, Spark job, commit, ...), one at
     # the gap between a finished Spark job and its commit.
     for round_ in range(5):
         name = rng.choice("ab")
         if round_ == 2:
             workers[name].kill9()
-            workers[name] = worker(pipeline, job, name, ONCEFLOW_FAULT="after_job@3").start()
+            workers[name] = worker(pipeline, job, name, ONCEFLOW_FAULT="after_job@2").start()
             eventually(lambda w=workers[name]: not w.alive(), 120, "the worker to crash after a Spark job")
         else:
-            time.sleep(rng.uniform(3.0, 9.0))
+            time.sleep(rng.uniform(2.0, 7.0))
             workers[name].kill9()
         workers[name] = worker(pipeline, job, name).start()
+    sender.join(120)
     # The zombie: a stops itself between a Spark job and its commit; a replacement with a's
     # transactional ids fences it; woken up, its commit must fail and it must exit 3.
     workers["a"].kill9()
-    zombie = worker(pipeline, job, "a", ONCEFLOW_FAULT="after_job@4:stop").start()
+    zombie = worker(pipeline, job, "a", ONCEFLOW_FAULT="after_job@1:stop").start()
+    zombie.wait_log("compute: assigned", 120)
+    produce(pipeline, zombie_tail)
     eventually(zombie.stopped, 120, "the zombie to stop after a Spark job")
     workers["a"] = worker(pipeline, job, "a").start()
     workers["a"].wait_log("compute-merge: assigned", 120)
-    sender.join(120)
     wait_consumed(pipeline, job)
     zombie.sigcont()
     assert zombie.wait_exit(60) == EXIT_FENCED, zombie.log_tail()
+    # b leaves gracefully: a takes its partitions and restores their state from the changelog.
+    assert workers["b"].terminate() == 0, workers["b"].log_tail()
+    produce(pipeline, last)
     wait_consumed(pipeline, job)
-    check_exact(pipeline, job, inputs, pandas_table(job, inputs))
-    for proc in workers.values():
-        assert proc.terminate() == 0, proc.log_tail()
+    check_exact(pipeline, job, inputs, expected)
+    assert workers["a"].terminate() == 0, workers["a"].log_tail()

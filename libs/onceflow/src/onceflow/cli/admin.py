@@ -21,13 +21,24 @@ from rich.text import Text
 from onceflow.admin import fleet
 from onceflow.admin.tls import ClientTLS, channel
 from onceflow.cli.options import TlsCa, TlsCert, TlsKey, client_tls
-from onceflow.v1 import acker_pb2, acker_pb2_grpc, admin_pb2, admin_pb2_grpc, dedup_pb2, dedup_pb2_grpc
+from onceflow.v1 import (
+    acker_pb2,
+    acker_pb2_grpc,
+    admin_pb2,
+    admin_pb2_grpc,
+    compute_pb2,
+    compute_pb2_grpc,
+    dedup_pb2,
+    dedup_pb2_grpc,
+)
 
 app = typer.Typer(no_args_is_help=True, help="Operate running services (gRPC admin calls).")
 acker_app = typer.Typer(no_args_is_help=True, help="The acker's own calls: stats, tree, pending.")
 app.add_typer(acker_app, name="acker")
 dedup_app = typer.Typer(no_args_is_help=True, help="The dedup gate's own calls: check, stats, forget.")
 app.add_typer(dedup_app, name="dedup")
+compute_app = typer.Typer(no_args_is_help=True, help="A compute worker's own calls: jobs, state, stats.")
+app.add_typer(compute_app, name="compute")
 console = Console()
 
 Address = Annotated[str, typer.Option("--address", "-a", help="host:port of the service")]
@@ -288,4 +299,57 @@ def dedup_forget(
     reply = _call(
         address, lambda ch: dedup_pb2_grpc.DedupAdminStub(ch).Forget(request, metadata=_bearer(token), timeout=TIMEOUT_S * 8)
     )
+    _print(reply, as_json)
+
+
+@compute_app.command("jobs")
+def compute_jobs(address: Address = "127.0.0.1:50054", as_json: Json = False) -> None:
+    """The jobs a worker knows: the one it runs and the built-ins, with schema, key and aggregates."""
+    request = compute_pb2.ListJobsRequest()
+    reply = _call(address, lambda ch: compute_pb2_grpc.ComputeAdminStub(ch).ListJobs(request, timeout=TIMEOUT_S))
+    if as_json:
+        _print(reply, True)
+        return
+    table = Table(title=f"{len(reply.jobs)} jobs")
+    for column in ("name", "kind", "key", "aggregates", "input schema", "running"):
+        # Long aggregates fold rather than lose their column names to an ellipsis.
+        table.add_column(column, overflow="fold", no_wrap=column in ("kind", "running"))
+    for job in reply.jobs:
+        table.add_row(
+            escape(job.name), job.kind, escape(job.key), escape("\n".join(job.aggregates)) or "-",
+            escape(job.input_schema.replace(", ", "\n")), "[green]yes[/]" if job.running else "no",
+        )
+    console.print(table)
+
+
+@compute_app.command("state")
+def compute_state(
+    job: Annotated[str, typer.Argument(help="The job (the one the worker runs).")],
+    key: Annotated[str, typer.Argument(help="The group key.")],
+    address: Address = "127.0.0.1:50054",
+    as_json: Json = False,
+) -> None:
+    """KEY's state in this worker: the committed row and its partials; exit 1 when not found here."""
+    request = compute_pb2.GetStateRequest(job=job, key=key)
+    reply = _call(address, lambda ch: compute_pb2_grpc.ComputeAdminStub(ch).GetState(request, timeout=TIMEOUT_S))
+    if as_json:
+        _print(reply, True)
+    elif reply.found:
+        table = Table(show_header=False, box=None)
+        table.add_row("row", escape(reply.row))
+        table.add_row("partials", escape(reply.partials))
+        table.add_row("partition", str(reply.partition))
+        table.add_row("owned", str(reply.owned))
+        console.print(table)
+    else:
+        console.print(f"no state for {key!r} of {job!r} in this worker's partitions (another worker of the job may own it)")
+    if not reply.found:
+        raise typer.Exit(1)
+
+
+@compute_app.command("stats")
+def compute_stats(address: Address = "127.0.0.1:50054", as_json: Json = False) -> None:
+    """The job, engine, adaptive batch size, rates, job time p50/p99, records in, dead letters, keys."""
+    request = compute_pb2.ComputeStatsRequest()
+    reply = _call(address, lambda ch: compute_pb2_grpc.ComputeAdminStub(ch).Stats(request, timeout=TIMEOUT_S))
     _print(reply, as_json)

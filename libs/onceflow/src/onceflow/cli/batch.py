@@ -1,0 +1,116 @@
+"""`onceflow batch`: run a compute job over a bounded file as one Spark job, and get the table
+the streaming pipeline converges to for the same records.
+
+The job runs in the compute service's package (onceflow-compute, with PySpark), imported only
+when the command runs: the rest of the CLI never starts a JVM or imports pyspark."""
+
+from __future__ import annotations
+
+import enum
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+console = Console()
+
+
+class InputFormat(str, enum.Enum):
+    JSONL = "jsonl"
+    PARQUET = "parquet"
+
+
+def batch(
+    job: Annotated[
+        str, typer.Option("--job", "-j", help="A built-in job (wordcount, usersum, bigspend) or a module defining `job`.")
+    ],
+    input_path: Annotated[
+        Path,
+        typer.Option(
+            "--input", "-i", exists=True, readable=True, show_default=False,
+            help="JSON lines (one payload object a line) or Parquet.",
+        ),
+    ],
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", show_default=False, help="Write the final table here, as JSON lines in key order."),
+    ] = None,
+    input_format: Annotated[
+        InputFormat | None,
+        typer.Option(
+            "--format", "-f", show_default=False, help="The input's format (default: by suffix, .parquet or else jsonl)."
+        ),
+    ] = None,
+    spark_master: Annotated[
+        str, typer.Option("--spark-master", envvar="ONCEFLOW_COMPUTE_SPARK_MASTER", help="Spark master URL.")
+    ] = "local[*]",
+    limit: Annotated[int, typer.Option(help="Rows to show when there is no --output.")] = 20,
+) -> None:
+    """Run JOB over a bounded input as one Spark batch job: the final result table, as streaming gives it."""
+    try:
+        from onceflow_compute import batch as compute_batch
+        from onceflow_compute.jobs import load_job
+    except ImportError as exc:
+        console.print(
+            f"[red]onceflow batch needs the compute package (onceflow-compute, with PySpark)[/]: {escape(str(exc))}\n"
+            "Install it into this environment, e.g. `uv sync --all-packages`."
+        )
+        raise typer.Exit(2) from None
+
+    try:
+        compute_job = load_job(job)
+    except ValueError as exc:
+        console.print(f"[red]{escape(str(exc))}[/]")
+        raise typer.Exit(2) from None
+    fmt = input_format.value if input_format is not None else None
+    with console.status(f"running {compute_job.name} over {input_path.name} on Spark {spark_master} ..."):
+        try:
+            result = compute_batch.run_batch(compute_job, input_path, input_format=fmt, spark_master=spark_master)
+        except compute_batch.JobFailed as exc:
+            console.print(f"[red]{escape(str(exc))}[/]")
+            raise typer.Exit(1) from None
+        except (OSError, ValueError) as exc:  # an unreadable file; Arrow's errors are ValueErrors
+            console.print(f"[red]{escape(str(input_path))}[/]: {escape(str(exc))}")
+            raise typer.Exit(2) from None
+
+    if output is not None:
+        with output.open("wb") as out:
+            result.write_jsonl(out)
+    _summary(result, output)
+    if output is None:
+        _rows(result, limit)
+
+
+def _summary(result, output: Path | None) -> None:  # type: ignore[no-untyped-def] - a BatchResult
+    table = Table(show_header=False, box=None)
+    table.add_row("job", f"{result.job} ({result.kind})")
+    table.add_row("rows in", f"{result.rows_in:,}")
+    table.add_row("dropped", f"[yellow]{result.dropped:,}[/]" if result.dropped else "0")
+    for reason, count in result.reasons.most_common():
+        table.add_row("", f"{count:,} {escape(reason)}")
+    table.add_row("result rows", f"{len(result.table):,}")
+    table.add_row("seconds", f"{result.seconds:.2f} (read {result.read_seconds:.2f}, job {result.job_seconds:.2f})")
+    if output is not None:
+        table.add_row("output", escape(str(output)))
+    console.print(table)
+
+
+def _rows(result, limit: int) -> None:  # type: ignore[no-untyped-def] - a BatchResult
+    rows = result.sorted_rows()[: max(limit, 0)]
+    if not rows:
+        return
+    columns = list(dict.fromkeys(name for row in rows for name in row))
+    table = Table(title=f"first {len(rows)} of {len(result.table):,} rows, by key")
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*(_cell(row.get(column)) for column in columns))
+    console.print(table)
+
+
+def _cell(value: object) -> str:
+    return escape(json.dumps(value) if isinstance(value, (dict, list)) or value is None else str(value))
