@@ -33,6 +33,15 @@ EXPOSE 50053 9103
 HEALTHCHECK CMD ["/app/.venv/bin/onceflow", "health", "127.0.0.1:50053"]
 CMD ["/app/.venv/bin/onceflow-dedup"]
 
+FROM base AS compute
+# Spark needs a JVM (17+); Debian's headless runtime is enough for local[*] mode.
+RUN apt-get update && apt-get install -y --no-install-recommends openjdk-17-jre-headless && rm -rf /var/lib/apt/lists/*
+RUN uv sync --locked --no-dev --package onceflow-compute
+ENV ONCEFLOW_COMPUTE_HOST=0.0.0.0
+EXPOSE 50054 9104
+HEALTHCHECK --start-period=60s CMD ["/app/.venv/bin/onceflow", "health", "127.0.0.1:50054"]
+CMD ["/app/.venv/bin/onceflow-compute"]
+
 FROM base AS sink
 RUN uv sync --locked --no-dev --package onceflow-sink
 ENV ONCEFLOW_SINK_HOST=0.0.0.0

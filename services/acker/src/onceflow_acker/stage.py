@@ -3,6 +3,7 @@ changelog-backed store. Decisions, changelog and offsets commit in one transacti
 
 from __future__ import annotations
 
+import logging
 import struct
 import threading
 import time
@@ -16,6 +17,8 @@ from onceflow.txn.batch import Batch
 from onceflow.v1.acker_pb2 import AckerBatch, AckerMessage, TreeEvent
 
 from onceflow_acker.trees import Decision, Outcome, Tree, apply, encode_new_init, expired, xor_pending
+
+log = logging.getLogger(__name__)
 
 _OUTCOME = {
     Outcome.COMPLETED: TreeEvent.COMPLETED,
@@ -122,6 +125,7 @@ class AckerStage:
         """Time out trees past their deadline, by processing time."""
         now = batch.now_ms
         decisions: list[tuple[Outcome, int]] = []
+        orphans = 0
         for partition in batch.owned_partitions:
             state = batch.state(partition)
             due = [
@@ -130,12 +134,23 @@ class AckerStage:
                 if _DEADLINE.unpack_from(value, _DEADLINE_AT)[0] <= now
             ]
             for key, value in due:
-                decision = expired(Tree.decode(value), now)
+                tree = Tree.decode(value)
+                if not tree.init_seen:
+                    # Acks of a tree whose INIT never came: the INIT is committed with the record
+                    # before any stage can ack it, so these are late acks of a tree already
+                    # decided (e.g. a stage re-reading old input). Nothing to replay: drop them,
+                    # as Storm's acker lets such entries expire silently.
+                    state.delete(key)
+                    orphans += 1
+                    continue
+                decision = expired(tree, now)
                 if decision is not None:
                     state.delete(key)
                     decisions.append(self._emit(batch, int.from_bytes(key, "big"), decision, now))
         if decisions:
             batch.after_commit.append(lambda: self.stats.record(0, decisions))
+        if orphans:
+            log.info("dropped %d expired entries of acks whose tree had no INIT (late acks of decided trees)", orphans)
 
     def _emit(self, batch: Batch, root_id: int, decision: Decision, now: int) -> tuple[Outcome, int]:
         tree = decision.tree

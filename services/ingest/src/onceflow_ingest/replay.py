@@ -71,6 +71,10 @@ class ReplayStage:
             event = TreeEvent.FromString(record.value() or b"")
             if event.outcome == TreeEvent.COMPLETED:
                 continue
+            if event.origin.partition < 0 or event.origin.offset < 0:
+                # No origin to read back (an acker that predates dropping INIT-less trees).
+                batch.dead_letter(record, f"tree {event.root_id:#x} has no origin to replay")
+                continue
             original = self._fetcher.fetch(event.origin.partition, event.origin.offset)
             if original is None:
                 batch.dead_letter(record, f"original of {event.origin.record_id} not found at "

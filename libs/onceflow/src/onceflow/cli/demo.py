@@ -1,14 +1,17 @@
 """`onceflow demo`: the main job, end to end on real parts.
 
-Today: start Kafka and Redis, then ingest (acking on), the acker and the dedup gate (the trees end
-at the gate until compute lands). Push a generated workload through ingest with concurrent
-clients, some of which retry batches they already sent (as a client does after a lost reply).
-Then read the topics back read_committed and account for every record: ingest.records holds
-every accepted record (duplicates only from client retries), and dedup.records holds each
-record_id exactly once."""
+Start Kafka and Redis, then the whole pipeline: ingest (acking on), the acker, the dedup gate,
+a compute worker (PySpark, the per-user sum job) and the sink. Push a generated workload of
+payments through ingest with concurrent clients, some of which retry batches they already sent
+(as a client does after a lost reply); halfway through, kill -9 the compute worker and restart
+it (the supervisor's job). Then account for every record: ingest.records holds every accepted
+record (duplicates only from client retries), dedup.records holds each record_id exactly once,
+and the per-user totals the sink serves from Redis equal the totals computed here from the
+records generated, each counted once."""
 
 from __future__ import annotations
 
+import json
 import random
 import tempfile
 import threading
@@ -16,6 +19,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import grpc
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -27,9 +31,11 @@ from onceflow.config import CommonSettings, repo_root
 from onceflow.infra import stack
 from onceflow.kafka import inspect
 from onceflow.process import ServiceProcess, free_port
+from onceflow.v1 import sink_pb2, sink_pb2_grpc
 from onceflow.v1.ingest_pb2 import IngestRecord
 
 console = Console()
+JOB = "usersum"
 
 
 
@@ -66,7 +72,7 @@ def demo(
     batch: int = typer.Option(500, help="Records per Ingest call."),
     clients: int = typer.Option(4, help="Concurrent clients."),
     retry_ratio: float = typer.Option(0.05, help="Share of batches a client sends twice."),
-    payload_bytes: int = typer.Option(100, help="Payload size."),
+    users: int = typer.Option(1000, help="Distinct users (result rows)."),
     seed: int = typer.Option(7, help="Workload seed."),
 ) -> None:
     """Start infra and ingest, push a workload with client retries, account for every record."""
@@ -85,8 +91,9 @@ def demo(
     addresses = {}
     for name, module, env in (
         ("acker", "onceflow_acker", {"ONCEFLOW_ACKER_INSTANCE": "demo"}),
-        # Nothing acks after the gate yet (compute will), so the trees end there.
-        ("dedup", "onceflow_dedup", {"ONCEFLOW_DEDUP_INSTANCE": "demo", "ONCEFLOW_DEDUP_ACK_MODE": "terminal"}),
+        ("dedup", "onceflow_dedup", {"ONCEFLOW_DEDUP_INSTANCE": "demo"}),
+        ("compute", "onceflow_compute", {"ONCEFLOW_COMPUTE_INSTANCE": "demo", "ONCEFLOW_COMPUTE_JOB": JOB}),
+        ("sink", "onceflow_sink", {"ONCEFLOW_SINK_INSTANCE": "demo"}),
         ("ingest", "onceflow_ingest", {"ONCEFLOW_INGEST_INSTANCE": "demo"}),
     ):
         port = free_port()
@@ -95,19 +102,21 @@ def demo(
         services.append(ServiceProcess(name, module, env, log_dir, cwd=repo_root()))
         addresses[name] = f"127.0.0.1:{port}"
     address = addresses["ingest"]
+    by_name = {service.name: service for service in services}
     try:
         for service in services:
             service.start()
-            service.wait_healthy(addresses[service.name])
+            service.wait_healthy(addresses[service.name], timeout_s=120)
             console.print(f"{service.name}: [green]serving[/] on {addresses[service.name]} (log {service.log_path})")
         run_id = f"demo-{int(time.time())}"
         rng = random.Random(seed)
+        payments = [(f"{run_id}-user-{rng.randrange(users)}", rng.randrange(1, 1000)) for _ in range(records)]
         all_batches = [
             [
                 IngestRecord(
                     record_id=f"{run_id}-{i}".encode(),
-                    key=f"user-{rng.randrange(1000)}".encode(),
-                    payload=rng.randbytes(payload_bytes),
+                    key=payments[i][0].encode(),
+                    payload=json.dumps({"user": payments[i][0], "amount": payments[i][1]}).encode(),
                 )
                 for i in range(offset, min(offset + batch, records))
             ]
@@ -124,8 +133,15 @@ def demo(
             ]
             for sender in senders:
                 sender.start()
+            killed = False
             while any(s.is_alive() for s in senders):
                 done = sum(s.acknowledged for s in senders)
+                if not killed and done >= records // 2:
+                    # The fault the demo proves itself against: a worker dies mid-batch.
+                    by_name["compute"].kill9()
+                    by_name["compute"].start()
+                    killed = True
+                    progress.console.print("compute: [red]kill -9[/] at half the workload, restarted")
                 progress.update(task, rate=f"{done / max(time.monotonic() - started, 1e-6):,.0f} rec/s")
                 time.sleep(0.25)
         elapsed = time.monotonic() - started
@@ -192,15 +208,67 @@ def demo(
         console.print(table)
         if gate_missing or gate_duplicated or gate_hanging:
             raise typer.Exit(_fail("the dedup gate lost, duplicated or left hanging records"))
+        expected_rows = _expected_totals(payments)
+        with console.status("waiting for compute and the sink to apply every record ..."):
+            rows = _wait_for_table(addresses["sink"], run_id, expected_rows, timeout_s=300)
+        wrong = {user for user in expected_rows if rows.get(user) != expected_rows[user]}
+        extra = set(rows) - set(expected_rows)
+        results_hanging = inspect.hanging_transactions(
+            common, [common.topic(t) for t in ("compute.partials", "compute.results")]
+        )
+        table = Table(title=f"the {JOB} table in Redis (via the sink's Query API)", show_header=False)
+        for name, value in [
+            ("users", f"{len(expected_rows):,}"),
+            ("rows served", f"{len(rows):,}"),
+            ("rows equal to the exact answer", f"{len(expected_rows) - len(wrong):,}"),
+            ("rows wrong or missing", f"{len(wrong):,}"),
+            ("unexpected rows", f"{len(extra):,}"),
+            ("records counted", f"{sum(r['count'] for r in rows.values()):,} of {records:,}"),
+            ("hanging transactions", str(sum(len(p) for p in results_hanging.values()))),
+        ]:
+            table.add_row(name, value)
+        console.print(table)
+        if wrong or extra or results_hanging:
+            for user in sorted(wrong)[:5]:
+                console.print(f"  {user}: expected {expected_rows[user]}, got {rows.get(user)}")
+            raise typer.Exit(_fail("the result table differs from the exact answer"))
         console.print(
             "[green]ok[/]: every accepted record is in ingest.records (duplicates only from client "
-            "re-sends), and dedup.records holds each record_id exactly once."
+            "re-sends), dedup.records holds each record_id exactly once, and every per-user total in "
+            "Redis counts each record exactly once, through a kill -9 of the compute worker."
         )
     finally:
         for service in reversed(services):
             code = service.terminate() if service.alive() else service.proc.returncode if service.proc else None
             console.print(f"{service.name} stopped (exit {code})")
         console.print("infra keeps running: `onceflow infra down` stops it")
+
+
+def _expected_totals(payments: list[tuple[str, int]]) -> dict[str, dict[str, object]]:
+    rows: dict[str, dict[str, object]] = {}
+    for user, amount in payments:
+        row = rows.setdefault(user, {"user": user, "total": 0, "count": 0, "smallest": amount, "largest": amount})
+        row["total"] += amount  # type: ignore[operator]
+        row["count"] += 1  # type: ignore[operator]
+        row["smallest"] = min(row["smallest"], amount)  # type: ignore[type-var]
+        row["largest"] = max(row["largest"], amount)  # type: ignore[type-var]
+    return rows
+
+
+def _wait_for_table(address: str, run_id: str, expected: dict[str, dict[str, object]], timeout_s: float) -> dict[str, dict]:
+    """The run's rows as the sink serves them, once they stop changing or match."""
+    deadline = time.monotonic() + timeout_s
+    last: dict[str, dict] = {}
+    with grpc.insecure_channel(address) as channel:
+        query = sink_pb2_grpc.QueryStub(channel)
+        while True:
+            reply = query.Scan(sink_pb2.ScanRowsRequest(job=JOB, prefix=f"{run_id}-", limit=10_000), timeout=10)
+            rows = {row.key: json.loads(row.value) for row in reply.rows}
+            if rows == expected or time.monotonic() > deadline:
+                return rows
+            last = rows
+            time.sleep(1.0)
+    return last
 
 
 def _fail(message: str) -> int:
