@@ -17,12 +17,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import pandas as pd
 import pytest
 from confluent_kafka import Producer
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from onceflow.codec import encode_envelope, new_id, now_ms
 from onceflow.txn.loop import EXIT_FENCED
+from onceflow.v1 import compute_pb2, compute_pb2_grpc
 from onceflow.v1.envelope_pb2 import DeadLetter, Envelope
 from onceflow_compute.batch import run_batch, spark_engine
 from onceflow_compute.engines import SparkEngine
@@ -101,12 +104,12 @@ def produce(pipe: Pipeline, inputs: list[Input], chunks: int = 1, pause_s: float
 
 
 def worker(pipe: Pipeline, job: str, instance: str, **env: str) -> ServiceProcess:
-    return pipe.process(
-        f"compute-{job}-{instance}-{len(pipe.processes)}", "onceflow_compute",
-        ONCEFLOW_COMPUTE_JOB=job, ONCEFLOW_COMPUTE_INSTANCE=instance, ONCEFLOW_COMPUTE_PORT=str(free_port()),
-        ONCEFLOW_COMPUTE_METRICS_PORT="0", ONCEFLOW_COMPUTE_SPARK_MASTER="local[1]",
-        ONCEFLOW_COMPUTE_MIN_BATCH_RECORDS="200", ONCEFLOW_COMPUTE_MAX_BATCH_RECORDS="4000", **env,
-    )
+    settings = {
+        "ONCEFLOW_COMPUTE_JOB": job, "ONCEFLOW_COMPUTE_INSTANCE": instance, "ONCEFLOW_COMPUTE_PORT": str(free_port()),
+        "ONCEFLOW_COMPUTE_METRICS_PORT": "0", "ONCEFLOW_COMPUTE_SPARK_MASTER": "local[1]",
+        "ONCEFLOW_COMPUTE_MIN_BATCH_RECORDS": "200", "ONCEFLOW_COMPUTE_MAX_BATCH_RECORDS": "4000",
+    }
+    return pipe.process(f"compute-{job.rsplit('.', 1)[-1]}-{instance}-{len(pipe.processes)}", "onceflow_compute", **(settings | env))
 
 
 def wait_consumed(pipe: Pipeline, job: str, timeout_s: float = 240) -> None:
@@ -204,3 +207,90 @@ def test_two_workers_stay_exact_through_kill9s_a_zombie_and_a_rebalance(
     wait_consumed(pipeline, job)
     check_exact(pipeline, job, inputs, expected)
     assert workers["a"].terminate() == 0, workers["a"].log_tail()
+
+
+def picky_inputs(count: int, unlucky: set[int], seed: int = 3) -> list[Input]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        user = f"u{rng.randrange(40)}"
+        amount = 13 if i in unlucky else rng.choice([rng.randrange(1, 13), rng.randrange(14, 100)])
+        out.append(Input(f"pk-{seed}-{i}", user.encode(), json.dumps({"user": user, "amount": amount}).encode(), i not in unlucky))
+    return out
+
+
+def compute_admin(address: str) -> compute_pb2_grpc.ComputeAdminStub:
+    return compute_pb2_grpc.ComputeAdminStub(grpc.insecure_channel(address))
+
+
+def test_records_a_job_raises_on_are_dead_lettered_alone_and_admin_reports_the_job(pipeline: Pipeline) -> None:
+    unlucky = {137}
+    inputs = picky_inputs(300, unlucky)
+    port = free_port()
+    # Small batches: each bisection step is a Spark job with a Python UDF (seconds on one core).
+    proc = worker(
+        pipeline, "tests.harness.jobs.picky", "a", ONCEFLOW_COMPUTE_PORT=str(port),
+        ONCEFLOW_COMPUTE_MIN_BATCH_RECORDS="50", ONCEFLOW_COMPUTE_MAX_BATCH_RECORDS="100",
+        ONCEFLOW_COMPUTE_SPARK_SHUFFLE_PARTITIONS="1",
+    ).start()
+    address = f"127.0.0.1:{port}"
+    proc.wait_healthy(address, timeout_s=120)
+    produce(pipeline, inputs)
+    wait_consumed(pipeline, "picky")
+    fold = checker.fold_results(checker.read_committed(pipeline.common, pipeline.topic("compute.results")), "picky")
+    assert not fold.problems, fold.problems[:5]
+    valid = [json.loads(i.payload) for i in inputs if i.valid]
+    expected = {}
+    for row in valid:
+        current = expected.setdefault(row["user"], {"user": row["user"], "total": 0, "count": 0})
+        current["total"] += row["amount"]
+        current["count"] += 1
+    assert {k: json.loads(v) for k, v in fold.table.items()} == expected
+    letters = [DeadLetter.FromString(r.value) for r in checker.read_committed(pipeline.common, pipeline.topic("compute.dlq"))]
+    assert sorted(checker.record_id_of_bytes(x.original) for x in letters) == sorted(f"pk-3-{i}" for i in unlucky)
+    assert all("13 is an unlucky amount" in x.message for x in letters), letters[0].message
+
+    admin = compute_admin(address)
+    jobs = {j.name: j for j in admin.ListJobs(compute_pb2.ListJobsRequest(), timeout=10).jobs}
+    assert jobs["picky"].running and jobs["picky"].key == "user" and "total=SumButNotThirteen(amount)" in jobs["picky"].aggregates
+    assert {"usersum", "wordcount", "bigspend"} <= set(jobs) and not jobs["usersum"].running
+    user = next(iter(expected))
+    state = admin.GetState(compute_pb2.GetStateRequest(job="picky", key=user), timeout=10)
+    assert state.found and state.owned and json.loads(state.row) == expected[user]
+    assert json.loads(state.partials) == [expected[user]["total"], expected[user]["count"]]
+    assert not admin.GetState(compute_pb2.GetStateRequest(job="picky", key="nobody"), timeout=10).found
+    with pytest.raises(grpc.RpcError) as err:
+        admin.GetState(compute_pb2.GetStateRequest(job="picky", key=""), timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    stats = admin.Stats(compute_pb2.ComputeStatsRequest(), timeout=10)
+    assert stats.records_in == len(inputs) and stats.dead_letters == len(unlucky) and stats.healthy
+    assert stats.engine == "spark" and stats.min_batch_size == 50 and stats.max_batch_size == 100
+    assert 50 <= stats.batch_size <= 100 and stats.job_seconds_p99 >= stats.job_seconds_p50 > 0
+    assert stats.keys_in_state == len(expected) and stats.results == fold.changes
+    assert proc.terminate() == 0, proc.log_tail()
+
+
+def test_a_job_failing_on_whole_batches_backs_off_unhealthy_and_commits_nothing(pipeline: Pipeline) -> None:
+    inputs = picky_inputs(500, unlucky=set(range(500)))
+    port = free_port()
+    # The pandas engine runs the same combiner in-process: no JVM needed to see the backoff.
+    proc = worker(
+        pipeline, "tests.harness.jobs.picky", "a", ONCEFLOW_COMPUTE_PORT=str(port), ONCEFLOW_COMPUTE_ENGINE="pandas",
+    ).start()
+    address = f"127.0.0.1:{port}"
+    proc.wait_healthy(address, timeout_s=60)
+    produce(pipeline, inputs)
+    admin = compute_admin(address)
+    stats = eventually(
+        lambda: (s := admin.Stats(compute_pb2.ComputeStatsRequest(), timeout=10)) and not s.healthy and s,
+        60, "the worker to report the job unhealthy",
+    )
+    assert "13 is an unlucky amount" in stats.last_error
+    assert "failed on all" in stats.last_error or "could not be isolated within 64 engine runs" in stats.last_error
+    health = health_pb2_grpc.HealthStub(grpc.insecure_channel(address))
+    assert health.Check(health_pb2.HealthCheckRequest(), timeout=10).status == health_pb2.HealthCheckResponse.NOT_SERVING
+    proc.wait_log("in a row); retrying from committed offsets in 2.0s", 60)  # the backoff doubles
+    assert stats.records_in == 0
+    assert not checker.read_committed(pipeline.common, pipeline.topic("compute.dlq"), timeout_s=5)
+    assert not checker.read_committed(pipeline.common, pipeline.topic("compute.partials"), timeout_s=5)
+    assert proc.terminate() == 0, proc.log_tail()

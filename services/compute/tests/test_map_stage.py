@@ -131,3 +131,14 @@ def test_the_bisection_budget_bounds_the_engine_runs() -> None:
     with pytest.raises(JobFailed, match="could not be isolated within 16 engine runs"):
         run_stage(records, engine, budget=16)
     assert engine.runs <= 16
+
+
+def test_a_lone_failing_record_is_poison_only_once_the_job_has_worked() -> None:
+    engine = RaisesOn({7})
+    stage = MapStage(JOB, engine, "compute.partials", "compute.results", stats.JobCounts())  # type: ignore[arg-type]
+    with pytest.raises(JobFailed):  # a broken job would otherwise drain a quiet stream into the DLQ
+        stage.process(Batch([good(0, amount=7)], None, "compute.dlq", "compute", "acker.acks", 1))
+    stage.process(Batch([good(1, amount=1)], None, "compute.dlq", "compute", "acker.acks", 1))
+    batch = Batch([good(2, amount=7)], None, "compute.dlq", "compute", "acker.acks", 1)
+    stage.process(batch)
+    assert batch.dead_letters == 1

@@ -37,14 +37,14 @@ class ComputeAdminServicer(compute_pb2_grpc.ComputeAdminServicer):
         job: Job,
         engine: str,
         counts: JobCounts,
-        map_loop: TransactionalLoop,
+        loops: list[TransactionalLoop],
         stores: PartitionStores | None,
         bounds: tuple[int, int],
     ) -> None:
         self._job = job
         self._engine = engine
         self._counts = counts
-        self._map_loop = map_loop
+        self._loops = loops  # the map hop first
         self._stores = stores
         self._bounds = bounds
 
@@ -83,7 +83,8 @@ class ComputeAdminServicer(compute_pb2_grpc.ComputeAdminServicer):
     def Stats(self, request: compute_pb2.ComputeStatsRequest, context: grpc.ServicerContext) -> compute_pb2.ComputeStatsReply:
         counts = self._counts
         batches_per_s, records_per_s = counts.rates()
-        loop_stats = self._map_loop.stats
+        loop_stats = self._loops[0].stats
+        every = [loop.stats for loop in self._loops]
         keys = 0
         if self._stores is not None:
             keys = sum(len(store) for _p, store in self._stores.items())  # type: ignore[arg-type]
@@ -101,6 +102,6 @@ class ComputeAdminServicer(compute_pb2_grpc.ComputeAdminServicer):
             dead_letters=counts.dead_letters,
             results=counts.results,
             keys_in_state=keys,
-            healthy=loop_stats.stage_failures == 0,
-            last_error=loop_stats.last_error,
+            healthy=all(s.stage_failures == 0 for s in every),
+            last_error="; ".join(s.last_error for s in every if s.last_error),
         )

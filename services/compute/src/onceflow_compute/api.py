@@ -207,10 +207,16 @@ class Combine(_ColumnAggregate):
         return json.dumps(acc)
 
     def spark(self) -> list[Column]:
+        import pandas as pd
         from pyspark.sql.functions import pandas_udf
 
-        fold = pandas_udf(self._fold, "string")  # type: ignore[call-overload]
-        return [fold(self.column)]
+        def fold(values: pd.Series) -> str:
+            return self._fold(values)
+
+        # Spark picks the UDF's kind (Series -> scalar: a grouped aggregate) from real type
+        # hints; this module's postponed annotations would hand it strings.
+        fold.__annotations__ = {"values": pd.Series, "return": str}
+        return [pandas_udf(fold, "string")(self.column)]  # type: ignore[call-overload]
 
     def pandas(self, groups: pd.core.groupby.DataFrameGroupBy) -> list[pd.Series]:
         return [groups[self.column].agg(self._fold)]

@@ -14,7 +14,7 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from onceflow_compute.api import Aggregation, Transform
+from onceflow_compute.api import Aggregation, Combine, Transform
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +69,17 @@ class SparkEngine:
         frame = self.frame(table)
         if job.prepare is not None:
             frame = job.prepare(frame)
-        columns = [c for aggregate in job.aggregates for c in aggregate.spark()]
-        named = [c.alias(n) for c, n in zip(columns, partial_columns(job), strict=True)]
+        names = iter(partial_columns(job))
+        builtin, udfs = [], []
+        for aggregate in job.aggregates:
+            columns = [c.alias(next(names)) for c in aggregate.spark()]
+            (udfs if isinstance(aggregate, Combine) else builtin).extend(columns)
         grouped = frame.where(F.col(job.key).isNotNull()).groupBy(F.col(job.key).cast("string").alias(KEY))
-        return grouped.agg(*named).toArrow()
+        # Spark cannot mix a grouped-aggregate pandas UDF with built-in aggregates in one agg():
+        # two aggregations over the same groups, joined on the key.
+        parts = [grouped.agg(*columns) for columns in (builtin, udfs) if columns]
+        result = parts[0] if len(parts) == 1 else parts[0].join(parts[1], KEY)
+        return result.select(KEY, *partial_columns(job)).toArrow()
 
     def transform(self, job: Transform, table: pa.Table) -> pa.Table:
         return job.transform(self.frame(table)).toArrow()

@@ -74,18 +74,21 @@ def build(settings: ComputeSettings) -> tuple[list[TransactionalLoop], ServiceSe
         job,
         engine.name,
         counts,
-        map_loop,
+        loops,
         stores,
         (settings.min_batch_records, settings.max_batch_records),
     )
 
+    def keys_in_state() -> int:
+        return 0 if stores is None else sum(len(store) for _p, store in stores.items())  # type: ignore[arg-type]
+
+    stats.BATCH_BOUND.labels(job.name).set_function(lambda: map_loop.stats.batch_bound)
+    stats.KEYS.labels(job.name).set_function(keys_in_state)
+
     def gauges() -> dict[str, float]:
-        keys = 0 if stores is None else sum(len(store) for _p, store in stores.items())  # type: ignore[arg-type]
-        stats.BATCH_BOUND.labels(job.name).set(map_loop.stats.batch_bound)
-        stats.KEYS.labels(job.name).set(keys)
         return {
             "batch_bound": float(map_loop.stats.batch_bound),
-            "keys_in_state": float(keys),
+            "keys_in_state": float(keys_in_state()),
             "results": float(counts.results),
             "job_seconds_p99": counts.job_seconds(0.99),
         }

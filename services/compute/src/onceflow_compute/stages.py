@@ -64,6 +64,7 @@ class MapStage:
         self.counts = counts
         self._bisect_budget = bisect_budget
         self._last_error = ""
+        self._job_proven = False
 
     def process(self, batch: Batch) -> None:
         frame = build_frame(batch.records, self.job.schema)
@@ -79,8 +80,12 @@ class MapStage:
             outputs, failed = self._run(frame.table, list(range(frame.table.num_rows)), [self._bisect_budget])
             job_seconds = time.monotonic() - started
             faults.point("after_job")
-            if failed and len(failed) == frame.table.num_rows and len(failed) > 1:
+            if failed and len(failed) == frame.table.num_rows and (len(failed) > 1 or not self._job_proven):
+                # Everything failed: the job is broken, not the records. A lone record counts as
+                # poison only once the job has worked on something in this process.
                 raise JobFailed(f"job {self.job.name} failed on all {len(failed)} records: {next(iter(failed.values()))}")
+            if len(failed) < frame.table.num_rows:
+                self._job_proven = True
             for index, error in sorted(failed.items()):
                 batch.dead_letter(frame.records[index], f"job {self.job.name} failed on this record: {error}")
             emitted = self._emit(outputs, batch)
@@ -104,6 +109,10 @@ class MapStage:
             return [self.engine.transform(self.job, table)], {}
         except Exception as exc:  # noqa: BLE001 - the user's job may raise anything
             self._last_error = _describe(exc)
+            if type(exc).__name__ == "AnalysisException":
+                # Spark refused the plan itself (a missing column, a bad expression): no record
+                # is to blame, so there is nothing to bisect.
+                raise JobFailed(f"job {self.job.name}: Spark cannot plan it: {self._last_error}") from exc
             if len(rows) == 1:
                 return [], {rows[0]: self._last_error}
         middle = len(rows) // 2
@@ -191,9 +200,10 @@ class MergeStage:
                 state = batch.state(record.partition())
                 current = state.get(state_key(job.name, key))
                 current_partials = None if current is None else json.loads(current)
-                before.setdefault((record.partition(), key), current_partials)
                 merged = values if current_partials is None else job.merge(current_partials, values)
+                encode_json(job.row(key, merged))  # a result() that raises is this partial's fault
                 state.put(state_key(job.name, key), encode_json(merged))
+                before.setdefault((record.partition(), key), current_partials)
             except Exception as exc:  # noqa: BLE001 - one bad partial must not stop the stream
                 batch.rollback_to(savepoint)
                 batch.dead_letter(record, exc)
