@@ -59,6 +59,7 @@ bench: setup
 	$(PY) bench/acker_throughput.py
 	$(PY) bench/dedup_throughput.py
 	$(PY) bench/sink_apply.py
+	$(PY) bench/compute_throughput.py
 
 clean:
 	-$(ONCEFLOW) infra down

@@ -239,8 +239,13 @@ def demo(
         )
     finally:
         for service in reversed(services):
-            code = service.terminate() if service.alive() else service.proc.returncode if service.proc else None
-            console.print(f"{service.name} stopped (exit {code})")
+            try:
+                code = service.terminate() if service.alive() else service.proc.returncode if service.proc else None
+                console.print(f"{service.name} stopped (exit {code})")
+            except AssertionError as exc:  # ignored SIGTERM: killed; the others must still stop
+                console.print(f"[red]{service.name}[/]: {exc}")
+            finally:
+                service.ensure_dead()
         console.print("infra keeps running: `onceflow infra down` stops it")
 
 
