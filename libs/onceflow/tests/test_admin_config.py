@@ -43,7 +43,7 @@ def test_the_services_config(tmp_path: Path) -> None:
     shipped = fleet.load_endpoints(fleet.services_file())
     assert [(e.name, e.address) for e in shipped] == [
         ("ingest", "127.0.0.1:50051"), ("acker", "127.0.0.1:50052"), ("dedup", "127.0.0.1:50053"),
-        ("sink", "127.0.0.1:50055"),
+        ("compute", "127.0.0.1:50054"), ("sink", "127.0.0.1:50055"),
     ]
     broken = tmp_path / "services.toml"
     broken.write_text('[[service]]\nname = "acker"\n')

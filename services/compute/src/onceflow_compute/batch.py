@@ -121,7 +121,7 @@ class SessionEngine(SparkEngine):
 
     def __init__(self, session: SparkSession) -> None:
         # Not SparkEngine.__init__: that builds a session.
-        self.session = session
+        self._adopt(session)
 
     def close(self) -> None:
         pass
