@@ -169,7 +169,10 @@ def test_two_workers_stay_exact_through_kill9s_a_zombie_and_a_rebalance(
     inputs = INPUTS[job]()
     expected = pandas_table(job, inputs)
     assert batch_table(spark, job, inputs, tmp_path) == expected
-    main, zombie_tail, last = inputs[: -len(inputs) // 10], inputs[-len(inputs) // 10 : -len(inputs) // 20], inputs[-len(inputs) // 20 :]
+    part = len(inputs) // 20
+    main, fault_chunk, zombie_tail, last = (
+        inputs[: -3 * part], inputs[-3 * part : -2 * part], inputs[-2 * part : -part], inputs[-part:]
+    )
     sender = threading.Thread(target=produce, args=(pipeline, main, 10, 1.5), daemon=True)
     sender.start()
     workers = {"a": worker(pipeline, job, "a").start()}
@@ -182,7 +185,9 @@ def test_two_workers_stay_exact_through_kill9s_a_zombie_and_a_rebalance(
         name = rng.choice("ab")
         if round_ == 2:
             workers[name].kill9()
-            workers[name] = worker(pipeline, job, name, ONCEFLOW_FAULT="after_job@2").start()
+            workers[name] = worker(pipeline, job, name, ONCEFLOW_FAULT="after_job@1").start()
+            workers[name].wait_log("compute: assigned", 120)
+            produce(pipeline, fault_chunk)  # fresh input for every partition, whoever owns it now
             eventually(lambda w=workers[name]: not w.alive(), 120, "the worker to crash after a Spark job")
         else:
             time.sleep(rng.uniform(2.0, 7.0))
