@@ -32,8 +32,8 @@ import pyarrow.compute as pc
 from onceflow_compute import jobs, stats
 from onceflow_compute.api import METADATA_COLUMNS, Aggregation, Job, JSONValue, Transform, encode_json
 from onceflow_compute.engines import Engine, SparkEngine
-from onceflow_compute.frames import _parse_checked, parse_options
-from onceflow_compute.stages import JobFailed, MapStage, _partials_by_key
+from onceflow_compute.frames import parse_checked, parse_options
+from onceflow_compute.stages import JobFailed, MapStage, partials_by_key
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -208,7 +208,7 @@ def run_table(
 def _aggregate_rows(job: Aggregation, outputs: list[pa.Table]) -> dict[str, dict[str, JSONValue]]:
     merged: dict[str, list[JSONValue]] = {}
     for output in outputs:
-        for key, partials in _partials_by_key(job, output):
+        for key, partials in partials_by_key(job, output):
             merged[key] = job.merge(merged[key], partials) if key in merged else partials
     # As the merge hop: partials decoded from the JSON the map hop wrote, the row as the
     # results topic carries it.
@@ -262,11 +262,11 @@ def read_jsonl(job: Job, source: Iterable[bytes]) -> BatchInput:
     for chunk in _chunks(source, CHUNK_LINES):
         rows_in += len(chunk)
         lines = [line for _n, line in chunk]
-        table, reasons = _parse_checked(lines, options)
+        table, reasons = parse_checked(lines, options)
         if reasons:
             rejected.extend((chunk[i][0], _IN_ROW.sub("", reason)) for i, reason in sorted(reasons.items()))
             chunk = [entry for i, entry in enumerate(chunk) if i not in reasons]
-            table, _ = _parse_checked([line for _n, line in chunk], options)
+            table, _ = parse_checked([line for _n, line in chunk], options)
         if table is not None:
             tables.append(table)
             numbers.extend(n for n, _line in chunk)

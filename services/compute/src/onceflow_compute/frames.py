@@ -55,7 +55,7 @@ def build_frame(records: list[Message], schema: pa.Schema) -> Frame:
         envelopes.append(envelope)
         lines.append(line)
 
-    keep, reasons = _parse_checked(lines, options)
+    keep, reasons = parse_checked(lines, options)
     for index, reason in reasons.items():
         rejected.append((good[index], envelopes[index], reason))
     if reasons:
@@ -77,7 +77,7 @@ def _parse(lines: list[bytes], options: pj.ParseOptions) -> pa.Table:
     return pj.read_json(io.BytesIO(b"\n".join(lines)), parse_options=options)
 
 
-def _parse_checked(lines: list[bytes], options: pj.ParseOptions) -> tuple[pa.Table | None, dict[int, str]]:
+def parse_checked(lines: list[bytes], options: pj.ParseOptions) -> tuple[pa.Table | None, dict[int, str]]:
     """Parse all lines; on failure, bisect to find each line that fails alone (or holds more
     than one object). Returns the table of everything when nothing failed."""
     if not lines:
@@ -95,7 +95,7 @@ def _parse_checked(lines: list[bytes], options: pj.ParseOptions) -> tuple[pa.Tab
     middle = len(lines) // 2
     reasons: dict[int, str] = {}
     for start, part in ((0, lines[:middle]), (middle, lines[middle:])):
-        _table, bad = _parse_checked(part, options)
+        _table, bad = parse_checked(part, options)
         reasons.update({start + i: reason for i, reason in bad.items()})
     return None, reasons
 

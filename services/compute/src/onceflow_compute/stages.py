@@ -136,7 +136,7 @@ class MapStage:
         # Bisection may have split the batch: merge the parts' partials per key first.
         merged: dict[str, list[JSONValue]] = {}
         for table in outputs:
-            for key, partials in _partials_by_key(job, table):
+            for key, partials in partials_by_key(job, table):
                 merged[key] = job.merge(merged[key], partials) if key in merged else partials
         for key, partials in merged.items():
             value = PartialAggregate(job=job.name, key=key, partials=encode_json(partials))
@@ -156,7 +156,7 @@ class MapStage:
         batch.after_commit.append(count)
 
 
-def _partials_by_key(job: Aggregation, table: pa.Table) -> list[tuple[str, list[JSONValue]]]:
+def partials_by_key(job: Aggregation, table: pa.Table) -> list[tuple[str, list[JSONValue]]]:
     keys = table.column(KEY).to_pylist()
     columns = [table.column(name).to_pylist() for name in partial_columns(job)]
     out = []
@@ -187,9 +187,9 @@ class MergeStage:
 
     def process(self, batch: Batch) -> None:
         job = self.job
-        # The rows as committed before this batch, per (partition, key): one -old/+new per key
-        # per transaction, however many partials of it the batch held.
-        before: dict[tuple[int, str], list[JSONValue] | None] = {}
+        # Per (partition, key): the row as committed before this batch and the row now, so a key
+        # gets one -old/+new per transaction however many partials of it the batch held.
+        rows: dict[tuple[int, str], tuple[dict[str, JSONValue] | None, dict[str, JSONValue]]] = {}
         for record in batch.records:
             savepoint = batch.savepoint()
             try:
@@ -198,22 +198,21 @@ class MergeStage:
                     continue  # another job's partial
                 key, values = partial
                 state = batch.state(record.partition())
-                current = state.get(state_key(job.name, key))
+                skey = state_key(job.name, key)
+                current = state.get(skey)
                 current_partials = None if current is None else json.loads(current)
                 merged = values if current_partials is None else job.merge(current_partials, values)
-                encode_json(job.row(key, merged))  # a result() that raises is this partial's fault
-                state.put(state_key(job.name, key), encode_json(merged))
-                before.setdefault((record.partition(), key), current_partials)
+                new_row = job.row(key, merged)
+                encode_json(new_row)  # a result() that raises or is not JSON is this partial's fault
+                state.put(skey, encode_json(merged))
+                seen = rows.get((record.partition(), key))
+                old_row = seen[0] if seen else None if current_partials is None else job.row(key, current_partials)
+                rows[(record.partition(), key)] = (old_row, new_row)
             except Exception as exc:  # noqa: BLE001 - one bad partial must not stop the stream
                 batch.rollback_to(savepoint)
                 batch.dead_letter(record, exc)
         changes = 0
-        for (partition, key), old in before.items():
-            new = json.loads(batch.state(partition).get(state_key(job.name, key)) or b"null")
-            if new is None:
-                continue
-            old_row = None if old is None else job.row(key, old)
-            new_row = job.row(key, new)
+        for (_partition, key), (old_row, new_row) in rows.items():
             if old_row == new_row:
                 continue
             kafka_key = state_key(job.name, key)
