@@ -6,10 +6,13 @@ one place and not the others, or a port or env var that drifted, fails here."""
 from __future__ import annotations
 
 import importlib
+import json
 import re
+import subprocess
 import tomllib
 from pathlib import Path
 
+import jsonschema
 import pytest
 import yaml
 from pydantic_settings import BaseSettings
@@ -47,7 +50,7 @@ def compose() -> dict[str, dict]:
 def tilt_resources() -> dict[str, str]:
     """local_resource name -> its block of the Tiltfile."""
     text = (ROOT / "Tiltfile").read_text()
-    blocks = re.split(r"\nlocal_resource\(\n", text)[1:]
+    blocks = re.split(r"\n\s*local_resource\(\n", text)[1:]
     return {re.match(r"\s*'([\w-]+)'", block).group(1): block for block in blocks}  # type: ignore[union-attr]
 
 
@@ -96,3 +99,65 @@ def test_every_env_var_in_compose_and_tilt_is_a_setting(service: str) -> None:
     used = set(compose()[service].get("environment", {}))
     used |= set(re.findall(r"'(ONCEFLOW_\w+)':", tilt_resources()[service]))
     assert used and used <= known, sorted(used - known)
+
+
+def compose_schema() -> dict:
+    """The Compose Specification's JSON schema, as `make test` fetched it (infra/compose/schema.sh)."""
+    path = subprocess.run([str(ROOT / "infra" / "compose" / "schema.sh")], check=True, capture_output=True, text=True).stdout.strip()
+    return json.loads(Path(path).read_text())
+
+
+def compose_errors(document: dict) -> list[str]:
+    validator = jsonschema.Draft202012Validator(compose_schema())
+    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(document)]
+
+
+def test_compose_file_follows_the_compose_specification() -> None:
+    document = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    assert compose_errors(document) == []
+
+
+def test_the_schema_check_can_fail() -> None:
+    document = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    document["services"]["sink"]["depends_on"]["redis"]["condition"] = "service_ready"  # not a condition
+    document["services"]["ingest"]["healthcheck"] = {"interval": 5}  # a duration is a string
+    errors = compose_errors(document)
+    assert any("services/sink/depends_on" in e for e in errors) and any("services/ingest/healthcheck" in e for e in errors), errors
+
+
+def test_tilt_and_compose_start_the_same_pipeline_and_infra() -> None:
+    text = (ROOT / "Tiltfile").read_text()
+    lists = re.findall(r"for name in \[([^\]]*)\]:\n\s*dc_resource", text)
+    dc_resources = {name.strip(" '") for names in lists for name in names.split(",")}
+    assert dc_resources == set(compose())
+    assert "docker_compose('docker-compose.yml')" in text
+    # The compute job and every service's downstream wait agree too.
+    assert "'ONCEFLOW_COMPUTE_JOB', 'auctionbids'" in text and compose()["compute"]["environment"]["ONCEFLOW_COMPUTE_JOB"] == "auctionbids"
+    assert set(compose()["ingest"]["depends_on"]) - INFRA_SERVICES == packages() - {"ingest"}
+    assert "resource_deps=['infra', 'acker', 'dedup', 'compute', 'sink']" in tilt_resources()["ingest"]
+
+
+def deploy_table(service: str) -> dict[str, str]:
+    page = (ROOT / "docs" / "services" / f"{service}.md").read_text()
+    assert "\n## Deploy\n" in page, f"docs/services/{service}.md has no Deploy section"
+    section = page.split("\n## Deploy\n", 1)[1].split("\n## ", 1)[0]
+    return dict(re.findall(r"^\| ([^|]+?) \| (.+?) \|$", section, re.MULTILINE))
+
+
+@pytest.mark.parametrize("service", sorted(packages()))
+def test_each_service_page_says_how_to_deploy_it_alone(service: str) -> None:
+    table = deploy_table(service)
+    fields = settings_class(service).model_fields
+    assert f"`onceflow-{service}`" in table["package"] and f"`onceflow-{service}`" in table["entry point"]
+    assert f"onceflow-{service}`" in table["alone, against running infra"]
+    assert f"--target {service} " in table["container"]
+    assert f"127.0.0.1:{fields['port'].default}" in table["gRPC (Admin, health, reflection)"]
+    assert f":{fields['metrics_port'].default}/metrics" in table["metrics"]
+    # The topics it names exist, and every topic its code names is on the page.
+    declared = {t["name"] for t in tomllib.loads((ROOT / "infra" / "topics.toml").read_text())["topic"]}
+    named = table["reads"] + table["writes"] + table.get("refers to", "")
+    documented = set(re.findall(r"`([a-z]+\.[a-z]+)`", named))
+    assert documented and documented <= declared, sorted(documented - declared)
+    source = "\n".join(p.read_text() for p in (ROOT / "services" / service / "src").rglob("*.py"))
+    in_code = set(re.findall(r'topic\("([a-z]+\.[a-z]+)"\)', source))
+    assert in_code <= documented, sorted(in_code - documented)

@@ -25,8 +25,19 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 tools="$root/.tools"
 tilt="$tools/bin/tilt"
 
+# A built Tilt is kept per version in the user's cache too (like ~/.m2 for Kafka's jars), so a
+# fresh clone, `make clean` or CI copies it instead of rebuilding for minutes.
+cache="${ONCEFLOW_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/onceflow}/tilt/v$TILT_VERSION"
+
 # Fast path: the build below stamps the version, as Tilt's release build does ("v0.34.0, built …").
-if [[ -x "$tilt" ]] && [[ "$("$tilt" version 2>/dev/null)" == "v$TILT_VERSION, built "* ]]; then
+is_pinned() { [[ -x "$1" ]] && [[ "$("$1" version 2>/dev/null)" == "v$TILT_VERSION, built "* ]]; }
+if is_pinned "$tilt"; then
+    exit 0
+fi
+if is_pinned "$cache/tilt"; then
+    mkdir -p "$tools/bin"
+    cp "$cache/tilt" "$tilt.new" && mv "$tilt.new" "$tilt"
+    echo "install.sh: tilt v$TILT_VERSION from the cache ($cache)" >&2
     exit 0
 fi
 
@@ -119,5 +130,6 @@ date="$(sed -n 's/.*"Time": *"\([^"]*\)".*/\1/p' "$(field Info)")"   # the relea
 (cd "$src" && "$go_bin" build -mod=readonly -tags osusergo \
     -ldflags "-s -w -X main.version=$TILT_VERSION -X main.date=$date" -o "$tilt.new" ./cmd/tilt)
 mv "$tilt.new" "$tilt"
+mkdir -p "$cache" && cp "$tilt" "$cache/tilt.new" && mv "$cache/tilt.new" "$cache/tilt"
 rm -rf "$src" && rmdir "$tools/src" 2>/dev/null || true   # its web/node_modules are large
 "$tilt" version

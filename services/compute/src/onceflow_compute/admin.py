@@ -6,6 +6,7 @@ import json
 import grpc
 import pyarrow as pa
 
+from onceflow.codec import now_ms
 from onceflow.state.stores import PartitionStores
 from onceflow.txn import TransactionalLoop
 from onceflow.v1 import compute_pb2, compute_pb2_grpc
@@ -14,6 +15,7 @@ from onceflow_compute import jobs
 from onceflow_compute.api import Aggregation, Job
 from onceflow_compute.stages import describe_aggregates, state_key
 from onceflow_compute.stats import JobCounts
+from onceflow_compute.watermarks import WatermarkTracker
 
 
 def job_info(job: Job, running: bool) -> compute_pb2.JobInfo:
@@ -40,6 +42,7 @@ class ComputeAdminServicer(compute_pb2_grpc.ComputeAdminServicer):
         loops: list[TransactionalLoop],
         stores: PartitionStores | None,
         bounds: tuple[int, int],
+        watermarks: WatermarkTracker,
     ) -> None:
         self._job = job
         self._engine = engine
@@ -47,6 +50,7 @@ class ComputeAdminServicer(compute_pb2_grpc.ComputeAdminServicer):
         self._loops = loops  # the map hop first
         self._stores = stores
         self._bounds = bounds
+        self._watermarks = watermarks
 
     def ListJobs(self, request: compute_pb2.ListJobsRequest, context: grpc.ServicerContext) -> compute_pb2.ListJobsReply:
         infos = [job_info(self._job, running=True)]
@@ -85,6 +89,14 @@ class ComputeAdminServicer(compute_pb2_grpc.ComputeAdminServicer):
         batches_per_s, records_per_s = counts.rates()
         loop_stats = self._loops[0].stats
         every = [loop.stats for loop in self._loops]
+        now = now_ms()
+        watermark = self._watermarks.watermark(now)
+        partitions = [
+            compute_pb2.PartitionWatermark(
+                partition=p, watermark_ms=-1 if mark is None else mark, idle=self._watermarks.is_idle(p, now)
+            )
+            for p, mark in self._watermarks.partitions().items()
+        ]
         keys = 0
         if self._stores is not None:
             keys = sum(len(store) for _p, store in self._stores.items())  # type: ignore[arg-type]
@@ -104,4 +116,7 @@ class ComputeAdminServicer(compute_pb2_grpc.ComputeAdminServicer):
             keys_in_state=keys,
             healthy=all(s.stage_failures == 0 for s in every),
             last_error="; ".join(s.last_error for s in every if s.last_error),
+            watermark_ms=-1 if watermark is None else watermark,
+            watermark_bound_ms=self._watermarks.bound_ms,
+            partition_watermarks=partitions,
         )

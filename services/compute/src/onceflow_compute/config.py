@@ -40,6 +40,10 @@ class ComputeSettings(BaseSettings):
     max_batch_ms: int = Field(default=200, ge=1)
     # Engine runs spent finding the records a failing job raises on, per batch.
     bisect_budget: int = Field(default=64, ge=1)
+    # Event time: how far out of order the input may be (watermark = newest event time seen -
+    # this bound, per partition), and how long a silent partition keeps holding it back.
+    watermark_bound_ms: int = Field(default=5_000, ge=0)
+    idle_timeout_ms: int = Field(default=30_000, ge=1)
 
     @model_validator(mode="after")
     def _bounds(self) -> ComputeSettings:

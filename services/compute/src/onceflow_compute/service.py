@@ -4,9 +4,11 @@ merge hop) on the shared loop -> gRPC (Admin + ComputeAdmin + health)."""
 from __future__ import annotations
 
 import logging
+import math
 
 from onceflow.admin import ServerTLS, ServiceServer
 from onceflow.admin.loop_controls import LoopControls
+from onceflow.codec import now_ms
 from onceflow.runner import run_loop_service
 from onceflow.txn import TransactionalLoop
 from onceflow.v1 import compute_pb2, compute_pb2_grpc
@@ -17,6 +19,7 @@ from onceflow_compute.api import Aggregation
 from onceflow_compute.config import ComputeSettings, EngineName
 from onceflow_compute.engines import Engine, PandasEngine, SparkEngine
 from onceflow_compute.stages import MapStage, MergeStage
+from onceflow_compute.watermarks import WatermarkTracker
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +47,7 @@ def build(settings: ComputeSettings) -> tuple[list[TransactionalLoop], ServiceSe
         common.topic("compute.results"),
         counts,
         settings.bisect_budget,
+        WatermarkTracker(settings.watermark_bound_ms, settings.idle_timeout_ms),
     )
     map_loop = TransactionalLoop(
         stage=map_stage,
@@ -77,6 +81,7 @@ def build(settings: ComputeSettings) -> tuple[list[TransactionalLoop], ServiceSe
         loops,
         stores,
         (settings.min_batch_records, settings.max_batch_records),
+        map_stage.watermarks,
     )
 
     def keys_in_state() -> int:
@@ -85,12 +90,19 @@ def build(settings: ComputeSettings) -> tuple[list[TransactionalLoop], ServiceSe
     stats.BATCH_BOUND.labels(job.name).set_function(lambda: map_loop.stats.batch_bound)
     stats.KEYS.labels(job.name).set_function(keys_in_state)
 
+    def watermark_or(missing: float) -> float:
+        mark = map_stage.watermarks.watermark(now_ms())
+        return missing if mark is None else float(mark)
+
+    stats.WATERMARK.labels(job.name).set_function(lambda: watermark_or(math.nan))
+
     def gauges() -> dict[str, float]:
         return {
             "batch_bound": float(map_loop.stats.batch_bound),
             "keys_in_state": float(keys_in_state()),
             "results": float(counts.results),
             "job_seconds_p99": counts.job_seconds(0.99),
+            "watermark_ms": watermark_or(-1.0),
         }
 
     server = ServiceServer(

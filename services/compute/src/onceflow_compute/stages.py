@@ -20,14 +20,17 @@ import pyarrow as pa
 from confluent_kafka import Message
 
 from onceflow import faults
+from onceflow.codec import now_ms
 from onceflow.txn.batch import Batch
 from onceflow.v1.compute_pb2 import PartialAggregate
+from onceflow.v1.envelope_pb2 import Envelope
 from onceflow.v1.results_pb2 import ResultChange
 
 from onceflow_compute import stats
 from onceflow_compute.api import Aggregation, JSONValue, Transform, encode_json
 from onceflow_compute.engines import KEY, Engine, partial_columns
 from onceflow_compute.frames import build_frame
+from onceflow_compute.watermarks import WatermarkTracker
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +59,10 @@ class MapStage:
         results_topic: str,
         counts: stats.JobCounts,
         bisect_budget: int = 64,
+        watermarks: WatermarkTracker | None = None,
     ) -> None:
         self.job = job
+        self.watermarks = watermarks or WatermarkTracker(bound_ms=5_000, idle_timeout_ms=30_000)
         self.engine = engine
         self._partials_topic = partials_topic
         self._results_topic = results_topic
@@ -92,6 +97,24 @@ class MapStage:
         for envelope in frame.envelopes:
             batch.ack(envelope)
         self._count_after_commit(batch, job_seconds, emitted)
+        self._advance_watermarks_after_commit(batch, frame.records, frame.envelopes)
+
+    def on_assign(self, partitions: list[int]) -> None:
+        self.watermarks.assign(partitions, now_ms())
+
+    def on_revoke(self, partitions: list[int]) -> None:
+        self.watermarks.revoke(partitions)
+
+    def _advance_watermarks_after_commit(self, batch: Batch, records: list[Message], envelopes: list[Envelope]) -> None:
+        # Only committed input moves event time: an aborted batch is read again.
+        times = [(r.partition(), e.event_time_ms) for r, e in zip(records, envelopes, strict=True)]
+        at = batch.now_ms
+
+        def advance() -> None:
+            for partition, event_time in times:
+                self.watermarks.observe(partition, event_time, at)
+
+        batch.after_commit.append(advance)
 
     def _run(self, table: pa.Table, rows: list[int], budget: list[int]) -> tuple[list[pa.Table], dict[int, str]]:
         """Run the job; if it raises, bisect to find the records it raises on alone. Each step

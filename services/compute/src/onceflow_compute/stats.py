@@ -18,6 +18,7 @@ JOB_SECONDS = Histogram(
 RESULTS = Counter("onceflow_compute_results_total", "Result changes committed (+ and -)", ["job"])
 BATCH_BOUND = Gauge("onceflow_compute_batch_bound_records", "The adaptive micro-batch bound", ["job"])
 KEYS = Gauge("onceflow_compute_keys_in_state", "Keys in the owned partitions' state", ["job"])
+WATERMARK = Gauge("onceflow_compute_watermark_ms", "The worker's event-time watermark (ms since the epoch; NaN until known)", ["job"])
 
 _WINDOW_S = 60.0
 

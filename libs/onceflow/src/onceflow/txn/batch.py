@@ -147,7 +147,9 @@ class Stage(Protocol):
 
     A stage may also define ``punctuate(batch)``: called every
     ``ONCEFLOW_LOOP_PUNCTUATE_MS`` of processing time, inside a transaction, even when no
-    records arrived (timeouts, sweeps)."""
+    records arrived (timeouts, sweeps); and ``on_assign(partitions)`` / ``on_revoke(partitions)``:
+    called from the rebalance callbacks, after the loop restored or dropped the partitions'
+    stores (never with a transaction open)."""
 
     name: str
 

@@ -356,11 +356,15 @@ class TransactionalLoop:
         consumer.assign(partitions)
         if self._paused_now:
             consumer.pause(partitions)
+        if on_assign := getattr(self.stage, "on_assign", None):
+            on_assign([p.partition for p in partitions])
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         log.info("%s: revoked %s", self.stage.name, [p.partition for p in partitions])
         if self.stores is not None:
             self.stores.revoke(p.partition for p in partitions)
+        if on_revoke := getattr(self.stage, "on_revoke", None):
+            on_revoke([p.partition for p in partitions])
 
     def _apply_pause(self) -> None:
         assert self._consumer is not None

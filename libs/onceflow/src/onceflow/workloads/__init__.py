@@ -1,0 +1,1 @@
+"""Generated workloads that the demo, tests and benches push through the pipeline."""

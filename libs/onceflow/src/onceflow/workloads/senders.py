@@ -1,0 +1,74 @@
+"""Clients that push a generated workload through ingest the way real ones do: several at
+once, retrying with the same record_ids, and now and then sending a batch again whose reply
+they never saw (which the dedup gate must absorb)."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Sequence
+
+from onceflow.client import IngestClient
+from onceflow.v1.ingest_pb2 import IngestRecord
+
+
+class Sender(threading.Thread):
+    def __init__(self, address: str, batches: Sequence[Sequence[IngestRecord]], resend_ratio: float, seed: int) -> None:
+        super().__init__(daemon=True)
+        self.client = IngestClient(address)
+        self.batches = batches
+        self.rng = random.Random(seed)
+        self.resend_ratio = resend_ratio
+        self.sent_again: set[str] = set()
+        self.acknowledged = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            for batch in self.batches:
+                self.client.ingest(batch)
+                if self.rng.random() < self.resend_ratio:
+                    # The reply was "lost": the client cannot tell, so it sends the same records again.
+                    self.client.ingest(batch)
+                    self.sent_again.update(r.record_id.decode() for r in batch)
+                self.acknowledged += len(batch)
+        except BaseException as exc:  # noqa: BLE001 - reported by whoever runs the senders
+            self.error = exc
+        finally:
+            self.client.close()
+
+
+class Senders:
+    """``clients`` senders sharing ``records`` in batches (dealt round-robin, so the stream's
+    order is roughly kept)."""
+
+    def __init__(self, address: str, records: Sequence[IngestRecord], batch: int, clients: int, resend_ratio: float, seed: int) -> None:
+        batches = [records[i : i + batch] for i in range(0, len(records), batch)]
+        self.senders = [Sender(address, batches[i::clients], resend_ratio, seed + i) for i in range(clients)]
+
+    def start(self) -> None:
+        for sender in self.senders:
+            sender.start()
+
+    def running(self) -> bool:
+        return any(s.is_alive() for s in self.senders)
+
+    def join(self) -> None:
+        for sender in self.senders:
+            sender.join()
+
+    @property
+    def acknowledged(self) -> int:
+        return sum(s.acknowledged for s in self.senders)
+
+    @property
+    def sent_again(self) -> set[str]:
+        return set().union(*(s.sent_again for s in self.senders))
+
+    @property
+    def retries(self) -> int:
+        return sum(s.client.retries for s in self.senders)
+
+    @property
+    def error(self) -> BaseException | None:
+        return next((s.error for s in self.senders if s.error is not None), None)

@@ -1,0 +1,48 @@
+"""`tilt ci` on the project's Tiltfile, with the Tilt that `make tilt` built: every resource
+(setup, infra, the five services) must reach ready, and a broken one must make it fail."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from onceflow.config import repo_root
+from onceflow.infra._proc import port_open
+
+pytestmark = [pytest.mark.devex, pytest.mark.integration]
+
+ROOT = repo_root()
+TILT = ROOT / ".tools" / "bin" / "tilt"
+PIPELINE_PORTS = (50051, 50052, 50053, 50054, 50055)
+
+
+def tilt_ci(**env: str) -> subprocess.CompletedProcess[str]:
+    assert TILT.is_file(), "no .tools/bin/tilt: `make test` builds it (make tilt)"
+    return subprocess.run(
+        [str(TILT), "ci", "--port", "0", "--timeout", "5m"],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+
+
+def test_tilt_ci_brings_every_resource_up_then_stops_them(infra: None) -> None:
+    result = tilt_ci()
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert "SUCCESS. All workloads are healthy." in output, output[-4000:]
+    for name in ("acker", "dedup", "compute", "sink", "ingest"):
+        assert f"{name} │" in output or f"{name} |" in output, f"no log lines from {name}"
+    # tilt ci stops what it started.
+    assert not any(port_open(port) for port in PIPELINE_PORTS)
+
+
+def test_a_resource_that_cannot_start_fails_tilt_ci(infra: None) -> None:
+    result = tilt_ci(ONCEFLOW_COMPUTE_JOB="no_such_job")
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output[-4000:]
+    assert "no job 'no_such_job'" in output, output[-4000:]
