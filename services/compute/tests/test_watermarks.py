@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from onceflow_compute.watermarks import WatermarkTracker
+from onceflow_compute.dataflow.watermarks import WatermarkTracker
 
 pytestmark = pytest.mark.dataflow
 

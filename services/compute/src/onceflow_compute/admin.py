@@ -15,7 +15,7 @@ from onceflow_compute import jobs
 from onceflow_compute.api import Aggregation, Job
 from onceflow_compute.stages import describe_aggregates, state_key
 from onceflow_compute.stats import JobCounts
-from onceflow_compute.watermarks import WatermarkTracker
+from onceflow_compute.dataflow.watermarks import WatermarkTracker
 
 
 def job_info(job: Job, running: bool) -> compute_pb2.JobInfo:

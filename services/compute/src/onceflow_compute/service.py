@@ -19,7 +19,7 @@ from onceflow_compute.api import Aggregation
 from onceflow_compute.config import ComputeSettings, EngineName
 from onceflow_compute.engines import Engine, PandasEngine, SparkEngine
 from onceflow_compute.stages import MapStage, MergeStage
-from onceflow_compute.watermarks import WatermarkTracker
+from onceflow_compute.dataflow.watermarks import WatermarkTracker
 
 log = logging.getLogger(__name__)
 

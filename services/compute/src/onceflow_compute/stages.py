@@ -30,7 +30,7 @@ from onceflow_compute import stats
 from onceflow_compute.api import Aggregation, JSONValue, Transform, encode_json
 from onceflow_compute.engines import KEY, Engine, partial_columns
 from onceflow_compute.frames import build_frame
-from onceflow_compute.watermarks import WatermarkTracker
+from onceflow_compute.dataflow.watermarks import WatermarkTracker
 
 log = logging.getLogger(__name__)
 

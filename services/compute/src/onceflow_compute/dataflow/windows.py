@@ -1,0 +1,135 @@
+"""Where in event time: window assignment (the Dataflow model's "where").
+
+A window is a half-open interval ``[start, end)`` of event time in ms. Tumbling and hopping
+windows are fixed by the event time alone; session windows start as ``[t, t + gap)`` per record
+and merge with every window of the same key they overlap, so a session is the union of records
+closer than ``gap`` to each other. The global window holds everything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+MIN_TIME = -(2**62)
+MAX_TIME = 2**62
+
+
+@dataclass(frozen=True, order=True)
+class Window:
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        if self.end <= self.start:
+            raise ValueError(f"empty window [{self.start}, {self.end})")
+
+    @property
+    def max_timestamp(self) -> int:
+        """The last event time in the window: the watermark passing it closes the window."""
+        return self.end - 1
+
+    def overlaps(self, other: Window) -> bool:
+        return self.start < other.end and other.start < self.end
+
+    def span(self, other: Window) -> Window:
+        return Window(min(self.start, other.start), max(self.end, other.end))
+
+    def label(self) -> str:
+        """The window in a result key: ``start-end`` (``global`` for the global window)."""
+        return "global" if self == GLOBAL else f"{self.start}-{self.end}"
+
+
+GLOBAL = Window(MIN_TIME, MAX_TIME)
+
+
+class WindowFn:
+    """How records are assigned to windows. ``merging``: windows of a key may merge (sessions)."""
+
+    merging = False
+
+    def assign(self, event_time_ms: int) -> list[Window]:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class GlobalWindows(WindowFn):
+    def assign(self, event_time_ms: int) -> list[Window]:
+        return [GLOBAL]
+
+    def describe(self) -> str:
+        return "global"
+
+
+@dataclass(frozen=True)
+class Tumbling(WindowFn):
+    size_ms: int
+    offset_ms: int = 0
+
+    def __post_init__(self) -> None:
+        if self.size_ms <= 0:
+            raise ValueError("size_ms must be > 0")
+
+    def assign(self, event_time_ms: int) -> list[Window]:
+        start = (event_time_ms - self.offset_ms) // self.size_ms * self.size_ms + self.offset_ms
+        return [Window(start, start + self.size_ms)]
+
+    def describe(self) -> str:
+        return f"tumbling({self.size_ms} ms)"
+
+
+@dataclass(frozen=True)
+class Hopping(WindowFn):
+    """Windows of ``size_ms`` starting every ``slide_ms``: a record is in ``size / slide`` of
+    them (sliding windows, in Beam's words)."""
+
+    size_ms: int
+    slide_ms: int
+    offset_ms: int = 0
+
+    def __post_init__(self) -> None:
+        if self.size_ms <= 0 or self.slide_ms <= 0 or self.slide_ms > self.size_ms:
+            raise ValueError("need 0 < slide_ms <= size_ms")
+
+    def assign(self, event_time_ms: int) -> list[Window]:
+        last_start = (event_time_ms - self.offset_ms) // self.slide_ms * self.slide_ms + self.offset_ms
+        windows = []
+        start = last_start
+        while start > event_time_ms - self.size_ms:
+            windows.append(Window(start, start + self.size_ms))
+            start -= self.slide_ms
+        return windows[::-1]
+
+    def describe(self) -> str:
+        return f"hopping({self.size_ms} ms every {self.slide_ms} ms)"
+
+
+@dataclass(frozen=True)
+class Sessions(WindowFn):
+    gap_ms: int
+    merging = True
+
+    def __post_init__(self) -> None:
+        if self.gap_ms <= 0:
+            raise ValueError("gap_ms must be > 0")
+
+    def assign(self, event_time_ms: int) -> list[Window]:
+        return [Window(event_time_ms, event_time_ms + self.gap_ms)]
+
+    def describe(self) -> str:
+        return f"sessions(gap {self.gap_ms} ms)"
+
+
+def merge_overlapping(windows: Iterable[Window]) -> list[tuple[Window, list[Window]]]:
+    """Each maximal union of overlapping windows, with the windows it was made of (in order)."""
+    merged: list[tuple[Window, list[Window]]] = []
+    for window in sorted(set(windows)):
+        if merged and merged[-1][0].overlaps(window):
+            span, parts = merged[-1]
+            merged[-1] = (span.span(window), [*parts, window])
+        else:
+            merged.append((window, [window]))
+    return merged
