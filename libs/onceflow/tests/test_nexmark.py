@@ -83,3 +83,10 @@ def test_payload_is_the_event_as_json_with_its_kind() -> None:
     e = nexmark.event(NexmarkConfig(), 10)
     assert e.kind == "bid" and e.key == str(e.fields["auction"])
     assert b'"kind":"bid"' in e.payload() and b'"price":' in e.payload()
+
+
+def test_late_by_design_events_arrive_exactly_late_delay_after_their_time() -> None:
+    config = NexmarkConfig(events=10_000, max_delay_ms=100, late_ratio=0.02, late_delay_ms=30_000, seed=4)
+    delays = [e.delay_ms for e in nexmark.events(config)]
+    late = [d for d in delays if d == 30_000]
+    assert 150 < len(late) < 250 and all(d <= 100 for d in delays if d != 30_000)

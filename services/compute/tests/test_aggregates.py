@@ -58,7 +58,7 @@ def fold(batches: list[list[tuple[str, int]]]) -> dict[str, dict]:
     for batch in batches:
         if not batch:
             continue
-        for key, partials in partials_by_key(JOB, engine.partials(JOB, table_of(batch))):
+        for key, _bucket, partials in partials_by_key(JOB, engine.partials(JOB, table_of(batch))):
             partials = json.loads(encode_json(partials))  # what the changelog round trip gives
             state[key] = JOB.merge(state[key], partials) if key in state else partials
     return {key: JOB.row(key, partials) for key, partials in state.items()}

@@ -13,6 +13,7 @@ from onceflow.v1 import compute_pb2, compute_pb2_grpc
 
 from onceflow_compute import jobs
 from onceflow_compute.api import Aggregation, Job
+from onceflow_compute.dataflow.windows import Window
 from onceflow_compute.stages import describe_aggregates, state_key
 from onceflow_compute.stats import JobCounts
 from onceflow_compute.dataflow.watermarks import WatermarkTracker
@@ -79,7 +80,16 @@ class ComputeAdminServicer(compute_pb2_grpc.ComputeAdminServicer):
             return compute_pb2.GetStateReply(found=False, partition=-1, owned=False)
         partition, value = found
         partials = json.loads(value)
-        row = json.dumps(self._job.row(request.key, partials), sort_keys=True)
+        if self._job.windowed:
+            # The key's panes: [start, end, partials, last emitted row, ...] per open window.
+            rows = {
+                self._job.result_key(request.key, Window(start, end)): self._job.window_row(request.key, Window(start, end), acc)
+                for start, end, acc, *_rest in partials
+                if acc is not None
+            }
+            row = json.dumps(rows, sort_keys=True)
+        else:
+            row = json.dumps(self._job.row(request.key, partials), sort_keys=True)
         return compute_pb2.GetStateReply(
             found=True, row=row, partials=value.decode(), partition=partition, owned=True
         )
@@ -112,6 +122,7 @@ class ComputeAdminServicer(compute_pb2_grpc.ComputeAdminServicer):
             job_seconds_p99=counts.job_seconds(0.99),
             records_in=counts.records_in,
             dead_letters=counts.dead_letters,
+            late_records=counts.late,
             results=counts.results,
             keys_in_state=keys,
             healthy=all(s.stage_failures == 0 for s in every),

@@ -21,11 +21,23 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 
+from onceflow_compute.dataflow.panes import Accumulation, Trigger
+from onceflow_compute.dataflow.windows import GlobalWindows, Hopping, Sessions, Tumbling, Window, WindowFn
+
 if TYPE_CHECKING:
     import pandas as pd
     from pyspark.sql import Column, DataFrame
 
 JSONValue = Any
+
+# A windowed job's rows carry their window.
+WINDOW_START = "window_start"
+WINDOW_END = "window_end"
+
+__all__ = [
+    "Accumulation", "Aggregation", "Avg", "Combine", "Combiner", "Count", "GlobalWindows", "Hopping", "Max", "Min",
+    "Sessions", "Sum", "Transform", "Trigger", "Tumbling",
+]
 
 # Columns the worker adds next to the payload fields, for prepare/transform to use.
 METADATA_COLUMNS = pa.schema(
@@ -249,21 +261,49 @@ class Aggregation:
     # The group key column, after prepare. Results are keyed by its string form.
     key: str
     aggregates: tuple[Aggregate, ...]
-    # Stateless, per micro-batch: e.g. split lines into words. Must keep the key column.
+    # Stateless, per micro-batch: e.g. split lines into words. Must keep the key column (and,
+    # for a windowed job, the time column).
     prepare: Callable[[DataFrame], DataFrame] | None = None
     doc: str = ""
+    # Event time (docs/jobs.md#event-time). Without a window the job keeps one running row per
+    # key, refined at every batch; with one, a row per key and window, fired by the trigger.
+    window: WindowFn = field(default_factory=GlobalWindows)
+    trigger: Trigger = field(default_factory=Trigger)
+    accumulation: Accumulation = Accumulation.RETRACTING
+    allowed_lateness_ms: int = 0
+    # The column holding each record's event time (ms): the envelope's, or a payload field.
+    time_column: str = "_event_time_ms"
     kind: str = field(default="aggregation", init=False)
 
     def __post_init__(self) -> None:
         names = [a.name for a in self.aggregates]
         if not self.aggregates or len(set(names)) != len(names) or self.key in names:
             raise ValueError(f"job {self.name}: needs aggregates with distinct names, none named like the key")
+        if set(names) & {WINDOW_START, WINDOW_END}:
+            raise ValueError(f"job {self.name}: {WINDOW_START} and {WINDOW_END} are the window's columns")
+        if self.allowed_lateness_ms < 0:
+            raise ValueError(f"job {self.name}: allowed_lateness_ms must be >= 0")
+        if not self.windowed and self.trigger != Trigger():
+            raise ValueError(f"job {self.name}: a job without a window refines its rows at every batch; it takes no trigger")
+
+    @property
+    def windowed(self) -> bool:
+        return not isinstance(self.window, GlobalWindows)
 
     def row(self, key: str, partials: Sequence[JSONValue]) -> dict[str, JSONValue]:
         row: dict[str, JSONValue] = {self.key: key}
         for aggregate, partial in zip(self.aggregates, partials, strict=True):
             row[aggregate.name] = aggregate.result(partial)
         return row
+
+    def window_row(self, key: str, window: Window, partials: Sequence[JSONValue]) -> dict[str, JSONValue]:
+        return {**self.row(key, partials), WINDOW_START: window.start, WINDOW_END: window.end}
+
+    def result_key(self, key: str, window: Window, pane: int = 0) -> str:
+        """A windowed row's key in the result table: ``key@start-end`` (discarding panes are
+        rows of their own: ``key@start-end#pane``)."""
+        label = f"{key}@{window.label()}"
+        return f"{label}#{pane}" if self.accumulation is Accumulation.DISCARDING else label
 
     def merge(self, a: Sequence[JSONValue], b: Sequence[JSONValue]) -> list[JSONValue]:
         return [agg.merge(x, y) for agg, x, y in zip(self.aggregates, a, b, strict=True)]

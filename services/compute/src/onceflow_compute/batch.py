@@ -33,7 +33,9 @@ from onceflow_compute import jobs, stats
 from onceflow_compute.api import METADATA_COLUMNS, Aggregation, Job, JSONValue, Transform, encode_json
 from onceflow_compute.engines import Engine, SparkEngine
 from onceflow_compute.frames import parse_checked, parse_options
+from onceflow_compute.dataflow.windows import MAX_TIME
 from onceflow_compute.stages import JobFailed, MapStage, partials_by_key
+from onceflow_compute.windowed import firing_changes, windowed_engine
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -206,13 +208,25 @@ def run_table(
 
 
 def _aggregate_rows(job: Aggregation, outputs: list[pa.Table]) -> dict[str, dict[str, JSONValue]]:
-    merged: dict[str, list[JSONValue]] = {}
+    merged: dict[tuple[str, int], list[JSONValue]] = {}
     for output in outputs:
-        for key, partials in partials_by_key(job, output):
-            merged[key] = job.merge(merged[key], partials) if key in merged else partials
+        for key, bucket, partials in partials_by_key(job, output):
+            at = (key, bucket)
+            merged[at] = job.merge(merged[at], partials) if at in merged else partials
     # As the merge hop: partials decoded from the JSON the map hop wrote, the row as the
     # results topic carries it.
-    return {key: _json(job.row(key, _json(partials))) for key, partials in merged.items()}
+    if not job.windowed:
+        return {key: _json(job.row(key, _json(partials))) for (key, _bucket), partials in merged.items()}
+    # Bounded input: every window is complete, so each fires once, on time, with everything.
+    engine = windowed_engine(job)
+    for (key, bucket), partials in merged.items():
+        engine.add(key, bucket, _json(partials))
+    engine.advance_watermark(MAX_TIME)
+    table: dict[str, dict[str, JSONValue]] = {}
+    for firing in engine.fire(0):
+        for result_key, _op, row in firing_changes(job, firing):
+            table[result_key] = _json(row)
+    return table
 
 
 def _transform_rows(job: Transform, outputs: list[pa.Table]) -> dict[str, dict[str, JSONValue]]:

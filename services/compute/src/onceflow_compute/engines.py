@@ -15,10 +15,13 @@ from typing import Protocol
 import pyarrow as pa
 
 from onceflow_compute.api import Aggregation, Combine, Transform
+from onceflow_compute.dataflow.windows import time_grain
 
 log = logging.getLogger(__name__)
 
 KEY = "__key"
+# A windowed job's partials are per key and event-time bucket (windows.time_grain).
+BUCKET = "__bucket"
 
 
 class Engine(Protocol):
@@ -36,8 +39,11 @@ def partial_columns(job: Aggregation) -> list[str]:
 
 
 def input_columns(job: Aggregation, table: pa.Table) -> list[str]:
-    """The columns an aggregation without ``prepare`` reads: its key and aggregated columns."""
+    """The columns an aggregation without ``prepare`` reads: its key, aggregated columns and,
+    when windowed, its time column."""
     needed = {job.key} | {getattr(a, "column", "") for a in job.aggregates}
+    if job.windowed:
+        needed.add(job.time_column)
     return [name for name in table.column_names if name in needed]
 
 
@@ -98,12 +104,20 @@ class SparkEngine:
         for aggregate in job.aggregates:
             columns = [c.alias(next(names)) for c in aggregate.spark()]
             (udfs if isinstance(aggregate, Combine) else builtin).extend(columns)
-        grouped = frame.where(F.col(job.key).isNotNull()).groupBy(F.col(job.key).cast("string").alias(KEY))
+        groups = [F.col(job.key).cast("string").alias(KEY)]
+        frame = frame.where(F.col(job.key).isNotNull())
+        if job.windowed:
+            size, offset = time_grain(job.window)
+            time = F.col(job.time_column).cast("long")
+            groups.append((F.floor((time - offset) / size) * size + offset).cast("long").alias(BUCKET))
+            frame = frame.where(time.isNotNull())
+        grouped = frame.groupBy(*groups)
         # Spark cannot mix a grouped-aggregate pandas UDF with built-in aggregates in one agg():
-        # two aggregations over the same groups, joined on the key.
+        # two aggregations over the same groups, joined on them.
         parts = [grouped.agg(*columns) for columns in (builtin, udfs) if columns]
-        result = parts[0] if len(parts) == 1 else parts[0].join(parts[1], KEY)
-        return result.select(KEY, *partial_columns(job)).toArrow()
+        on = [KEY, BUCKET] if job.windowed else [KEY]
+        result = parts[0] if len(parts) == 1 else parts[0].join(parts[1], on)
+        return result.select(*on, *partial_columns(job)).toArrow()
 
     def transform(self, job: Transform, table: pa.Table) -> pa.Table:
         return job.transform(self.frame(table)).toArrow()
@@ -119,8 +133,8 @@ class PandasEngine:
     name = "pandas"
 
     def partials(self, job: Aggregation, table: pa.Table) -> pa.Table:
-        if job.prepare is not None:
-            raise ValueError(f"job {job.name}: the pandas engine runs only aggregations without prepare")
+        if job.prepare is not None or job.windowed:
+            raise ValueError(f"job {job.name}: the pandas engine runs only unwindowed aggregations without prepare")
         frame = table.to_pandas()
         frame = frame[frame[job.key].notna()]
         groups = frame.groupby(frame[job.key].astype(str), sort=False)

@@ -9,6 +9,7 @@ import math
 from onceflow.admin import ServerTLS, ServiceServer
 from onceflow.admin.loop_controls import LoopControls
 from onceflow.codec import now_ms
+from onceflow.kafka import inspect
 from onceflow.runner import run_loop_service
 from onceflow.txn import TransactionalLoop
 from onceflow.v1 import compute_pb2, compute_pb2_grpc
@@ -18,7 +19,9 @@ from onceflow_compute.admin import ComputeAdminServicer
 from onceflow_compute.api import Aggregation
 from onceflow_compute.config import ComputeSettings, EngineName
 from onceflow_compute.engines import Engine, PandasEngine, SparkEngine
+from onceflow_compute.eventtime import EventTimeGate
 from onceflow_compute.stages import MapStage, MergeStage
+from onceflow_compute.windowed import WindowedMergeStage
 from onceflow_compute.dataflow.watermarks import WatermarkTracker
 
 log = logging.getLogger(__name__)
@@ -40,6 +43,18 @@ def build(settings: ComputeSettings) -> tuple[list[TransactionalLoop], ServiceSe
     job = jobs.load_job(settings.job)  # a bad job name fails here, before Spark starts
     engine = make_engine(settings, job.name)
     counts = stats.JobCounts()
+    windowed = isinstance(job, Aggregation) and job.windowed
+    event_time = None
+    if windowed:
+        assert isinstance(job, Aggregation)
+        event_time = EventTimeGate(
+            job,
+            settings.watermark_bound_ms,
+            common.topic("compute.late"),
+            common.topic("compute.partials"),
+            len(inspect.partitions_of(common, common.topic("compute.partials"))),
+            len(inspect.partitions_of(common, common.topic("dedup.records"))),
+        )
     map_stage = MapStage(
         job,
         engine,
@@ -48,6 +63,7 @@ def build(settings: ComputeSettings) -> tuple[list[TransactionalLoop], ServiceSe
         counts,
         settings.bisect_budget,
         WatermarkTracker(settings.watermark_bound_ms, settings.idle_timeout_ms),
+        event_time,
     )
     map_loop = TransactionalLoop(
         stage=map_stage,
@@ -57,12 +73,19 @@ def build(settings: ComputeSettings) -> tuple[list[TransactionalLoop], ServiceSe
         group_id=settings.group_id(job.name, "map"),
         transactional_id=settings.transactional_id(job.name, "map"),
         dlq_topic=common.topic("compute.dlq"),
+        # A windowed job's map hop keeps each input partition's newest event time.
+        changelog_topic=common.topic("compute.eventtime") if windowed else None,
     )
     loops = [map_loop]
     stores = None
     if isinstance(job, Aggregation):
+        merge_stage: MergeStage | WindowedMergeStage = (
+            WindowedMergeStage(job, common.topic("compute.results"), counts)
+            if windowed
+            else MergeStage(job, common.topic("compute.results"), counts)
+        )
         merge_loop = TransactionalLoop(
-            stage=MergeStage(job, common.topic("compute.results"), counts),
+            stage=merge_stage,
             common=common,
             settings=settings.loop,
             input_topic=common.topic("compute.partials"),
@@ -73,6 +96,8 @@ def build(settings: ComputeSettings) -> tuple[list[TransactionalLoop], ServiceSe
         )
         loops.append(merge_loop)
         stores = merge_loop.stores
+        if isinstance(merge_stage, WindowedMergeStage):
+            merge_stage.stores = stores
 
     admin = ComputeAdminServicer(
         job,

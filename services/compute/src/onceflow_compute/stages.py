@@ -28,8 +28,9 @@ from onceflow.v1.results_pb2 import ResultChange
 
 from onceflow_compute import stats
 from onceflow_compute.api import Aggregation, JSONValue, Transform, encode_json
-from onceflow_compute.engines import KEY, Engine, partial_columns
-from onceflow_compute.frames import build_frame
+from onceflow_compute.engines import BUCKET, KEY, Engine, partial_columns
+from onceflow_compute.eventtime import EventTimeGate
+from onceflow_compute.frames import Frame, build_frame
 from onceflow_compute.dataflow.watermarks import WatermarkTracker
 
 log = logging.getLogger(__name__)
@@ -60,8 +61,10 @@ class MapStage:
         counts: stats.JobCounts,
         bisect_budget: int = 64,
         watermarks: WatermarkTracker | None = None,
+        event_time: EventTimeGate | None = None,
     ) -> None:
         self.job = job
+        self.event_time = event_time
         self.watermarks = watermarks or WatermarkTracker(bound_ms=5_000, idle_timeout_ms=30_000)
         self.engine = engine
         self._partials_topic = partials_topic
@@ -77,6 +80,9 @@ class MapStage:
             batch.dead_letter(record, reason)
             if envelope is not None:
                 batch.ack(envelope)  # dead-lettered is processed: the tree ends here
+        late = 0
+        if self.event_time is not None:
+            frame, late = self.event_time.split(frame, batch)
         job_seconds: float | None = None
         emitted = 0
         if frame.table.num_rows:
@@ -96,8 +102,8 @@ class MapStage:
             emitted = self._emit(outputs, batch)
         for envelope in frame.envelopes:
             batch.ack(envelope)
-        self._count_after_commit(batch, job_seconds, emitted)
-        self._advance_watermarks_after_commit(batch, frame.records, frame.envelopes)
+        self._count_after_commit(batch, job_seconds, emitted, late)
+        self._advance_watermarks_after_commit(batch, frame)
 
     def on_assign(self, partitions: list[int]) -> None:
         self.watermarks.assign(partitions, now_ms())
@@ -105,9 +111,14 @@ class MapStage:
     def on_revoke(self, partitions: list[int]) -> None:
         self.watermarks.revoke(partitions)
 
-    def _advance_watermarks_after_commit(self, batch: Batch, records: list[Message], envelopes: list[Envelope]) -> None:
+    def _advance_watermarks_after_commit(self, batch: Batch, frame: Frame) -> None:
         # Only committed input moves event time: an aborted batch is read again.
-        times = [(r.partition(), e.event_time_ms) for r, e in zip(records, envelopes, strict=True)]
+        column = getattr(self.job, "time_column", "_event_time_ms")
+        if frame.table.num_rows and column in frame.table.column_names:
+            event_times = frame.table.column(column).to_pylist()
+        else:
+            event_times = [e.event_time_ms for e in frame.envelopes]
+        times = [(r.partition(), t) for r, t in zip(frame.records, event_times, strict=True) if t is not None]
         at = batch.now_ms
 
         def advance() -> None:
@@ -156,21 +167,25 @@ class MapStage:
                     batch.emit(self._results_topic, value, key=state_key(job.name, key))
                     emitted += 1
             return emitted
-        # Bisection may have split the batch: merge the parts' partials per key first.
-        merged: dict[str, list[JSONValue]] = {}
+        # Bisection may have split the batch: merge the parts' partials per key (and bucket) first.
+        merged: dict[tuple[str, int], list[JSONValue]] = {}
         for table in outputs:
-            for key, partials in partials_by_key(job, table):
-                merged[key] = job.merge(merged[key], partials) if key in merged else partials
-        for key, partials in merged.items():
-            value = PartialAggregate(job=job.name, key=key, partials=encode_json(partials))
+            for key, bucket, partials in partials_by_key(job, table):
+                at = (key, bucket)
+                merged[at] = job.merge(merged[at], partials) if at in merged else partials
+        for (key, bucket), partials in merged.items():
+            value = PartialAggregate(job=job.name, key=key, partials=encode_json(partials), bucket_ms=bucket)
+            # Keyed by the group key alone: all of a key's windows have one owner (sessions merge).
             batch.emit(self._partials_topic, value.SerializeToString(), key=state_key(job.name, key))
         return len(merged)
 
-    def _count_after_commit(self, batch: Batch, job_seconds: float | None, emitted: int) -> None:
+    def _count_after_commit(self, batch: Batch, job_seconds: float | None, emitted: int, late: int) -> None:
         records, dead = len(batch.records), batch.dead_letters
 
         def count() -> None:
-            self.counts.batch_committed(records, job_seconds, dead, emitted if isinstance(self.job, Transform) else 0)
+            self.counts.batch_committed(records, job_seconds, dead, emitted if isinstance(self.job, Transform) else 0, late)
+            if late:
+                stats.LATE.labels(self.job.name).inc(late)
             if job_seconds is not None:
                 stats.JOB_SECONDS.labels(self.job.name, self.engine.name).observe(job_seconds)
             if isinstance(self.job, Transform):
@@ -179,16 +194,18 @@ class MapStage:
         batch.after_commit.append(count)
 
 
-def partials_by_key(job: Aggregation, table: pa.Table) -> list[tuple[str, list[JSONValue]]]:
+def partials_by_key(job: Aggregation, table: pa.Table) -> list[tuple[str, int, list[JSONValue]]]:
+    """(key, event-time bucket (0 unless windowed), partials) per row of an engine's output."""
     keys = table.column(KEY).to_pylist()
+    buckets = table.column(BUCKET).to_pylist() if job.windowed else [0] * len(keys)
     columns = [table.column(name).to_pylist() for name in partial_columns(job)]
     out = []
-    for row, key in enumerate(keys):
+    for row, (key, bucket) in enumerate(zip(keys, buckets, strict=True)):
         partials, at = [], 0
         for aggregate in job.aggregates:
             partials.append(aggregate.partial([columns[at + j][row] for j in range(aggregate.width)]))
             at += aggregate.width
-        out.append((key, partials))
+        out.append((key, bucket, partials))
     return out
 
 

@@ -17,6 +17,7 @@ JOB_SECONDS = Histogram(
 )
 RESULTS = Counter("onceflow_compute_results_total", "Result changes committed (+ and -)", ["job"])
 BATCH_BOUND = Gauge("onceflow_compute_batch_bound_records", "The adaptive micro-batch bound", ["job"])
+LATE = Counter("onceflow_compute_late_total", "Records beyond a windowed job's allowed lateness, sent to compute.late", ["job"])
 KEYS = Gauge("onceflow_compute_keys_in_state", "Keys in the owned partitions' state", ["job"])
 WATERMARK = Gauge("onceflow_compute_watermark_ms", "The worker's event-time watermark (ms since the epoch; NaN until known)", ["job"])
 
@@ -27,17 +28,19 @@ _WINDOW_S = 60.0
 class JobCounts:
     records_in: int = 0
     dead_letters: int = 0
+    late: int = 0
     results: int = 0
     batches: int = 0
     _timings: deque[float] = field(default_factory=lambda: deque(maxlen=1000))
     _recent: deque[tuple[float, int]] = field(default_factory=deque)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def batch_committed(self, records: int, job_seconds: float | None, dead_letters: int, results: int) -> None:
+    def batch_committed(self, records: int, job_seconds: float | None, dead_letters: int, results: int, late: int = 0) -> None:
         now = time.monotonic()
         with self._lock:
             self.records_in += records
             self.dead_letters += dead_letters
+            self.late += late
             self.results += results
             self.batches += 1
             if job_seconds is not None:

@@ -116,9 +116,12 @@ class Batch:
         for partition, overlay in self._overlays.items():
             overlay.rollback_to(savepoint.state.get(partition, 0))
 
-    def dead_letter(self, record: Message, error: BaseException | str, original: bytes | None = None) -> None:
+    def dead_letter(
+        self, record: Message, error: BaseException | str, original: bytes | None = None, topic: str | None = None
+    ) -> None:
         """Send a poison record to the stage's DLQ, in this transaction, with the reason.
-        ``original`` narrows it to the bad part of a record that carries several items."""
+        ``original`` narrows it to the bad part of a record that carries several items;
+        ``topic`` sends the letter elsewhere (a late record to ``compute.late``), uncounted."""
         error_class = type(error).__name__ if isinstance(error, BaseException) else "Rejected"
         letter = DeadLetter(
             stage=self._stage,
@@ -130,7 +133,9 @@ class Batch:
             source_offset=record.offset() or 0,
             failed_at_ms=now_ms(),
         )
-        log.warning(
+        # Late records are expected in event-time jobs (counted, not warned about one by one).
+        log.log(
+            logging.WARNING if topic is None else logging.DEBUG,
             "dead letter from %s[%s]@%s: %s: %s",
             record.topic(),
             record.partition(),
@@ -138,8 +143,9 @@ class Batch:
             error_class,
             error,
         )
-        self.emit(self._dlq_topic, letter.SerializeToString(), key=record.key())
-        self.dead_letters += 1
+        self.emit(topic or self._dlq_topic, letter.SerializeToString(), key=record.key())
+        if topic is None:
+            self.dead_letters += 1
 
 
 class Stage(Protocol):
@@ -149,7 +155,9 @@ class Stage(Protocol):
     ``ONCEFLOW_LOOP_PUNCTUATE_MS`` of processing time, inside a transaction, even when no
     records arrived (timeouts, sweeps); and ``on_assign(partitions)`` / ``on_revoke(partitions)``:
     called from the rebalance callbacks, after the loop restored or dropped the partitions'
-    stores (never with a transaction open)."""
+    stores (never with a transaction open); ``on_rollback()``: called after a batch was
+    abandoned (aborted, or the stage failed), once the stores hold only committed state again,
+    so a stage that caches state in memory reloads it."""
 
     name: str
 

@@ -344,6 +344,8 @@ class TransactionalLoop:
                 self._consumer.seek(tp)
         if self.stores is not None:
             self.stores.catch_up()
+        if on_rollback := getattr(self.stage, "on_rollback", None):
+            on_rollback()
 
     # -- rebalance ---------------------------------------------------------------------------
 

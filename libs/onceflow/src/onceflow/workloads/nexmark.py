@@ -19,6 +19,7 @@ Out of order: when ``max_delay_ms`` > 0, each event reaches the system up to tha
 event time (a seeded delay per event) and :func:`arrival_order` sorts by arrival. Event time is
 then out of order by at most ``max_delay_ms``: a watermark bound at least that large never
 calls an event late, a smaller one does, and :func:`late_events` is the ground truth for it.
+``late_ratio`` / ``late_delay_ms`` add events that are late by design (:meth:`Event.delay_ms`).
 """
 
 from __future__ import annotations
@@ -64,6 +65,11 @@ class NexmarkConfig:
     rate: int = 1_000
     base_time_ms: int = 1_700_000_000_000
     max_delay_ms: int = 0
+    # Late by design: this share of events arrives ``late_delay_ms`` after its event time (set it
+    # well past the watermark bound, the window and the allowed lateness: those are the records
+    # a job must send to compute.late).
+    late_ratio: float = 0.0
+    late_delay_ms: int = 0
     seed: int = 1
 
 
@@ -76,6 +82,10 @@ class Event:
     # When the event reaches the system (== time_ms unless the stream is out of order).
     arrival_ms: int
     fields: dict[str, Any]
+
+    @property
+    def delay_ms(self) -> int:
+        return self.arrival_ms - self.time_ms
 
     @property
     def key(self) -> str:
@@ -173,6 +183,8 @@ def event(config: NexmarkConfig, number: int) -> Event:
             "date_time": time_ms,
         }
     delay = rng.randrange(config.max_delay_ms + 1) if config.max_delay_ms else 0
+    if config.late_ratio and rng.random() < config.late_ratio:
+        delay = config.late_delay_ms
     return Event(number, kind, time_ms, time_ms + delay, fields)
 
 

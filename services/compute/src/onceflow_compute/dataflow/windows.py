@@ -8,6 +8,7 @@ closer than ``gap`` to each other. The global window holds everything.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -121,6 +122,26 @@ class Sessions(WindowFn):
 
     def describe(self) -> str:
         return f"sessions(gap {self.gap_ms} ms)"
+
+
+def time_grain(windows: WindowFn) -> tuple[int, int]:
+    """``(grain, offset)`` such that all event times in one bucket ``[offset + k * grain,
+    offset + (k + 1) * grain)`` belong to the same windows: the map hop pre-aggregates each key
+    per bucket and the merge hop assigns the bucket's start to windows. Sessions need the exact
+    time (a 1 ms grain); the global window needs none (one bucket)."""
+    if isinstance(windows, Tumbling):
+        return windows.size_ms, windows.offset_ms % windows.size_ms
+    if isinstance(windows, Hopping):
+        grain = math.gcd(windows.size_ms, windows.slide_ms)
+        return grain, windows.offset_ms % grain
+    if isinstance(windows, Sessions):
+        return 1, 0
+    return MAX_TIME, 0
+
+
+def bucket(event_time_ms: int, grain: tuple[int, int]) -> int:
+    size, offset = grain
+    return (event_time_ms - offset) // size * size + offset
 
 
 def merge_overlapping(windows: Iterable[Window]) -> list[tuple[Window, list[Window]]]:

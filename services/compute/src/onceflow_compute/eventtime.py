@@ -1,0 +1,104 @@
+"""The map hop's event-time duties for a windowed job.
+
+Per ``dedup.records`` partition it keeps the newest event time committed so far, in the hop's
+changelog-backed state (``compute.eventtime``), so a restart or a rebalance resumes it. A record
+is judged against the watermark of its partition just before it (newest earlier event time minus
+the bound): it is too late when a window it belongs to ended ``allowed_lateness_ms`` or more
+before that watermark (for hopping windows: as soon as the earliest of its windows has, so a
+record counts in all of its windows or in none). That depends only on the partition's order, never on batch boundaries,
+crashes or which worker reads the partition, so a replayed batch judges every record the same.
+Too-late records go to ``compute.late`` (as dead letters naming the watermark and the window),
+are acked and never reach the job.
+
+After each batch the hop sends each partition's watermark to every ``compute.partials``
+partition in the same transaction, so the merge hop knows how far every input has come.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from onceflow.txn.batch import Batch
+from onceflow.v1.compute_pb2 import PartialAggregate, SourceWatermark
+
+from onceflow_compute.api import Aggregation
+from onceflow_compute.frames import Frame
+
+
+class EventTimeGate:
+    def __init__(
+        self,
+        job: Aggregation,
+        bound_ms: int,
+        late_topic: str,
+        partials_topic: str,
+        partials_partitions: int,
+        source_partitions: int,
+    ) -> None:
+        self.job = job
+        self.bound_ms = bound_ms
+        self._late_topic = late_topic
+        self._partials_topic = partials_topic
+        self._partials_partitions = partials_partitions
+        self._source_partitions = source_partitions
+        self._state_key = job.name.encode()
+
+    def newest(self, batch: Batch, partition: int) -> int | None:
+        value = batch.state(partition).get(self._state_key)
+        return None if value is None else int(value)
+
+    def split(self, frame: Frame, batch: Batch) -> tuple[Frame, int]:
+        """The frame without its too-late records (dead-lettered to compute.late and acked) and
+        without records that have no event time (dead-lettered to compute.dlq); and how many
+        were too late."""
+        times = frame.table.column(self.job.time_column).to_pylist() if frame.table.num_rows else []
+        newest: dict[int, int | None] = {}
+        keep: list[bool] = []
+        late = 0
+        for record, envelope, time in zip(frame.records, frame.envelopes, times, strict=True):
+            partition = record.partition()
+            if partition not in newest:
+                newest[partition] = self.newest(batch, partition)
+            if time is None:
+                batch.dead_letter(record, f"no event time: {self.job.time_column} is null")
+                batch.ack(envelope)
+                keep.append(False)
+                continue
+            before = newest[partition]
+            watermark = None if before is None else before - self.bound_ms
+            first_end = min(w.end for w in self.job.window.assign(time))
+            if watermark is not None and first_end + self.job.allowed_lateness_ms <= watermark:
+                reason = (
+                    f"late: event time {time} is in a window ending at {first_end}, and the watermark of "
+                    f"partition {partition} was {watermark} (allowed lateness {self.job.allowed_lateness_ms} ms)"
+                )
+                batch.dead_letter(record, reason, topic=self._late_topic)
+                batch.ack(envelope)
+                keep.append(False)
+                late += 1
+                continue
+            keep.append(True)
+            newest[partition] = time if before is None else max(before, time)
+        for partition, time in newest.items():
+            if time is not None:
+                batch.state(partition).put(self._state_key, str(time).encode())
+                self._emit_watermark(batch, partition, time - self.bound_ms)
+        if all(keep):
+            return frame, late
+        mask = pa.array(keep, pa.bool_())
+        kept = Frame(
+            pc.filter(frame.table, mask),
+            [r for r, k in zip(frame.records, keep, strict=True) if k],
+            [e for e, k in zip(frame.envelopes, keep, strict=True) if k],
+            frame.rejected,
+        )
+        return kept, late
+
+    def _emit_watermark(self, batch: Batch, partition: int, watermark: int) -> None:
+        value = PartialAggregate(
+            job=self.job.name,
+            watermark=SourceWatermark(partition=partition, watermark_ms=watermark, partitions=self._source_partitions),
+        ).SerializeToString()
+        for target in range(self._partials_partitions):
+            batch.emit(self._partials_topic, value, partition=target)
