@@ -23,7 +23,6 @@ from onceflow import faults
 from onceflow.codec import now_ms
 from onceflow.txn.batch import Batch
 from onceflow.v1.compute_pb2 import PartialAggregate
-from onceflow.v1.envelope_pb2 import Envelope
 from onceflow.v1.results_pb2 import ResultChange
 
 from onceflow_compute import stats
@@ -118,11 +117,15 @@ class MapStage:
             event_times = frame.table.column(column).to_pylist()
         else:
             event_times = [e.event_time_ms for e in frame.envelopes]
-        times = [(r.partition(), t) for r, t in zip(frame.records, event_times, strict=True) if t is not None]
+        # Only each partition's newest time matters to the tracker: one observation per partition.
+        newest: dict[int, int] = {}
+        for record, t in zip(frame.records, event_times, strict=True):
+            if t is not None and t > newest.get(record.partition(), t - 1):
+                newest[record.partition()] = t
         at = batch.now_ms
 
         def advance() -> None:
-            for partition, event_time in times:
+            for partition, event_time in newest.items():
                 self.watermarks.observe(partition, event_time, at)
 
         batch.after_commit.append(advance)

@@ -14,8 +14,6 @@ from __future__ import annotations
 import json
 import logging
 
-from confluent_kafka import Message
-
 from onceflow.state.stores import PartitionStores
 from onceflow.txn.batch import Batch
 from onceflow.v1.compute_pb2 import PartialAggregate
@@ -122,7 +120,7 @@ class WindowedMergeStage:
                 if partial.HasField("watermark"):
                     self._note_watermark(partition, partial, reported)
                 else:
-                    self._add(record, partition, partial)
+                    self._add(partition, partial)
             except Exception as exc:  # noqa: BLE001 - one bad partial must not stop the stream
                 batch.dead_letter(record, exc)
         changes = 0
@@ -138,7 +136,7 @@ class WindowedMergeStage:
             self._source_count[partition] = mark.partitions
             reported.add(mark.partition)
 
-    def _add(self, record: Message, partition: int, partial: PartialAggregate) -> None:
+    def _add(self, partition: int, partial: PartialAggregate) -> None:
         values = json.loads(partial.partials)
         if not isinstance(values, list) or len(values) != len(self.job.aggregates):
             raise ValueError(f"partials of {partial.key!r}: expected {len(self.job.aggregates)} values, got {values!r}")
