@@ -67,6 +67,7 @@ bench: setup
 	$(PY) bench/dedup_throughput.py
 	$(PY) bench/sink_apply.py
 	$(PY) bench/compute_throughput.py
+	$(PY) bench/nexmark.py
 
 clean:
 	-$(ONCEFLOW) infra down

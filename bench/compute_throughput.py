@@ -114,7 +114,7 @@ def _warm_up(engine: Engine, batch_sizes: list[int], users: int, budget_s: float
 
 
 @dataclass
-class _Timed:
+class TimedStage:
     """The map stage, timed: when each transaction committed and how long process() took."""
 
     inner: Any
@@ -138,7 +138,7 @@ class _Timed:
         batch.after_commit.append(committed)
 
 
-def _pct(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(len(values) * q))] if values else 0.0
 
@@ -155,7 +155,7 @@ def _run(prefix: str, engine: EngineName, batch: int, records: int, batch_ms: in
     run_id = uuid.uuid4().hex[:6]
     loop.group_id = f"{loop.group_id}-{run_id}"  # every run reads the backlog from its start
     loop.transactional_id = f"{loop.transactional_id}-{run_id}"
-    timed = _Timed(loop.stage)
+    timed = TimedStage(loop.stage)
     loop.stage = timed
     exit_codes: list[int] = []
     thread = threading.Thread(target=lambda: exit_codes.append(loop.run()), name=f"map-{engine.value}-{batch}")
@@ -179,9 +179,9 @@ def _run(prefix: str, engine: EngineName, batch: int, records: int, batch_ms: in
         "batches": len(commits),
         "mean_batch_records": loop.stats.records_in / len(commits),
         "records_per_s": timed_records / max(elapsed, 1e-9),
-        "latency_p50_ms": _pct(latencies, 0.5) * 1000,
-        "latency_p99_ms": _pct(latencies, 0.99) * 1000,
-        "process_p50_ms": _pct(timed.process_seconds[1:], 0.5) * 1000,
+        "latency_p50_ms": percentile(latencies, 0.5) * 1000,
+        "latency_p99_ms": percentile(latencies, 0.99) * 1000,
+        "process_p50_ms": percentile(timed.process_seconds[1:], 0.5) * 1000,
         "engine_p50_ms": timed.inner.counts.job_seconds(0.5) * 1000,
     }
 

@@ -112,12 +112,11 @@ def worker(pipe: Pipeline, job: str, instance: str, **env: str) -> ServiceProces
     return pipe.process(f"compute-{job.rsplit('.', 1)[-1]}-{instance}-{len(pipe.processes)}", "onceflow_compute", **(settings | env))
 
 
-def wait_consumed(pipe: Pipeline, job: str, timeout_s: float = 240) -> None:
-    """Until both hops' groups committed past every record of their input."""
-    groups = [
-        (f"{pipe.common.topic_prefix}onceflow-compute-{job}-map", pipe.topic("dedup.records")),
-        (f"{pipe.common.topic_prefix}onceflow-compute-{job}-merge", pipe.topic("compute.partials")),
-    ]
+def wait_consumed(pipe: Pipeline, job: str, timeout_s: float = 240, merge: bool = True) -> None:
+    """Until both hops' groups (a transform: its map hop's) committed past every record of their input."""
+    groups = [(f"{pipe.common.topic_prefix}onceflow-compute-{job}-map", pipe.topic("dedup.records"))]
+    if merge:
+        groups.append((f"{pipe.common.topic_prefix}onceflow-compute-{job}-merge", pipe.topic("compute.partials")))
 
     def done() -> bool:
         # The merge hop's input only stops growing once the map hop is done: check in order.

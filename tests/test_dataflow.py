@@ -1,14 +1,15 @@
-"""Event time on the real broker with real Spark: a windowed Nexmark query (q5's sliding-window
-bid counts) over an out-of-order stream with records that are late by design, through three
-kill -9s and a rebalance.
+"""Event time and the Nexmark queries on the real broker with real Spark: each query's worker
+reads an out-of-order stream with records that are late by design, through three kill -9s and a
+rebalance.
 
-Checks:
-- compute.late holds exactly the records the partition-order rule calls too late (computed here
-  independently), each once, and they are exactly the generator's late-by-design events;
+Checks, per query:
+- a windowed query's compute.late holds exactly the records the partition-order rule calls too
+  late (computed here independently), each once, within the generator's ground truth; any other
+  query sends nothing there;
 - the checker folds compute.results read_committed (every retraction withdraws the row in
   place, nothing is upserted twice), and once end-of-stream heartbeats push the watermark past
-  everything, the folded table equals batch mode (Spark over the records that were not late)
-  and a plain Python count;
+  everything, the folded table equals the plain-Python answer (tests/nexmark_answers.py), which
+  batch mode (Spark SQL over the records that were not late) equals too;
 - no transaction hangs."""
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import json
 import random
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -27,40 +30,41 @@ from onceflow.codec import encode_envelope, new_id, now_ms
 from onceflow.v1.envelope_pb2 import DeadLetter, Envelope
 from onceflow.workloads import nexmark
 from onceflow_compute.batch import run_batch, spark_engine
-from onceflow_compute.dataflow.windows import Hopping
+from onceflow_compute.dataflow.windows import Hopping, Tumbling, WindowFn
 from onceflow_compute.jobs import load_job
 from tests.conftest import Pipeline
 from tests.harness import checker
+from tests.nexmark_answers import ANSWERS
 from tests.test_compute import wait_consumed, worker
 
 pytestmark = [pytest.mark.dataflow, pytest.mark.integration]
 
-JOB = "nexmark_q5"
+QUERIES = sorted(ANSWERS)
 BOUND_MS = 2_000
 PARTITIONS = 4
-# Late by design: past the bound, the 10 s window and the 5 s allowed lateness, with margin.
-CONFIG = nexmark.NexmarkConfig(
-    events=12_000, rate=400, max_delay_ms=1_500, late_ratio=0.01, late_delay_ms=20_000, seed=11
-)
+# 30 s of event time, so records late by design (past the bound, the window and the 5 s
+# allowed lateness) arrive while the stream still runs.
+CONFIG = nexmark.NexmarkConfig(events=6_000, rate=200, max_delay_ms=1_500, late_ratio=0.01, late_delay_ms=20_000, seed=11)
 
 
 def partition_of(event: nexmark.Event) -> int:
     return int(event.key) % PARTITIONS
 
 
-def stream() -> list[nexmark.Event]:
+@cache
+def stream() -> tuple[nexmark.Event, ...]:
     """The arrivals, then one heartbeat per partition far enough ahead to close every window."""
     arrivals = nexmark.arrival_order(CONFIG)
     last = max(e.time_ms for e in arrivals)
     heartbeats = []
     for partition in range(PARTITIONS):
-        person_id = 10_000_000 + partition  # a person, so q5 (bids only) counts nothing of it
-        fields = {"id": person_id, "date_time": last + 60_000}
+        # A person in no query's filter and no window with any auction.
+        fields = {"id": 10_000_000 + partition, "name": "heartbeat", "city": "Kent", "state": "WA", "date_time": last + 60_000}
         heartbeats.append(nexmark.Event(CONFIG.events + partition, "person", last + 60_000, last + 60_000, fields))
-    return arrivals + heartbeats
+    return tuple(arrivals + heartbeats)
 
 
-def too_late(events: list[nexmark.Event], window: Hopping, lateness_ms: int) -> set[int]:
+def too_late(events: tuple[nexmark.Event, ...], window: WindowFn, lateness_ms: int) -> set[int]:
     """The rule, computed independently: in each partition's order, an event is too late when
     the earliest window holding it ended ``lateness_ms`` before (newest earlier event time - bound)."""
     newest: dict[int, int] = {}
@@ -75,17 +79,22 @@ def too_late(events: list[nexmark.Event], window: Hopping, lateness_ms: int) -> 
     return late
 
 
-def hot_items(events: list[nexmark.Event], window: Hopping) -> dict[str, dict]:
-    """q5's counts in plain Python."""
-    counts: Counter[tuple[int, int, int]] = Counter()
-    for e in events:
-        if e.kind == "bid":
-            for w in window.assign(e.time_ms):
-                counts[(e.fields["auction"], w.start, w.end)] += 1
-    return {
-        f"{auction}@{start}-{end}": {"auction": str(auction), "bids": n, "window_start": start, "window_end": end}
-        for (auction, start, end), n in counts.items()
-    }
+@cache
+def late_numbers(query: str) -> frozenset[int]:
+    job = load_job(query)
+    if not getattr(job, "windowed", False):
+        return frozenset()  # no window, no lateness: every record counts
+    return frozenset(too_late(stream(), job.window, job.allowed_lateness_ms))
+
+
+def on_time(query: str) -> list[nexmark.Event]:
+    late = late_numbers(query)
+    return [e for e in stream() if e.number not in late]
+
+
+def window_span(window: WindowFn) -> int:
+    """How long after an event its earliest window may end."""
+    return window.slide_ms if isinstance(window, Hopping) else window.size_ms if isinstance(window, Tumbling) else 0
 
 
 def produce(pipe: Pipeline, events: list[nexmark.Event], chunks: int, pause_s: float) -> None:
@@ -103,80 +112,126 @@ def produce(pipe: Pipeline, events: list[nexmark.Event], chunks: int, pause_s: f
         time.sleep(pause_s)
 
 
-@pytest.mark.fault
-def test_sliding_windows_stay_exact_and_late_records_are_counted_through_kill9s_and_a_rebalance(
-    pipeline: Pipeline, tmp_path: Path
-) -> None:
-    job = load_job(JOB)
-    assert isinstance(job.window, Hopping)
-    events = stream()
-    late = too_late(events, job.window, job.allowed_lateness_ms)
-    # The generator's ground truth: only events late by design are late, and all of them that
-    # the rest of the stream overtakes by more than bound + window + lateness (near its end,
-    # nothing does: there it depends on the window's end, so both bounds are checked).
-    last = max(e.time_ms for e in events[:-PARTITIONS])
-    slack = CONFIG.late_delay_ms - BOUND_MS - job.allowed_lateness_ms
-    by_design = [e for e in events if e.delay_ms == CONFIG.late_delay_ms]
-    surely = {e.number for e in by_design if e.arrival_ms < last + slack - job.window.slide_ms - CONFIG.max_delay_ms}
-    possibly = {e.number for e in by_design if e.arrival_ms <= last + slack}
-    assert surely <= late <= possibly and 30 < len(surely), (len(surely), len(late), len(possibly))
-    on_time = [e for e in events if e.number not in late]
-    expected = hot_items(on_time, job.window)
-    path = tmp_path / "on_time.jsonl"
-    path.write_bytes(b"\n".join(e.payload() for e in on_time) + b"\n")
+def test_batch_mode_gives_the_python_answer_for_every_query(tmp_path: Path) -> None:
     engine = spark_engine(master="local[1]")
     try:
-        assert run_batch(job, path, engine).table == expected  # batch mode is the same answer
+        for query in QUERIES:
+            events = on_time(query)
+            path = tmp_path / f"{query}.jsonl"
+            path.write_text("".join(json.dumps({"_record_id": f"nx:{e.number}", "kind": e.kind, **e.fields}) + "\n" for e in events))
+            expected = ANSWERS[query](events)
+            assert expected, query
+            assert run_batch(load_job(query), path, engine).table == expected, query
     finally:
         engine.close()
+
+
+def test_the_late_records_are_the_generators_late_by_design() -> None:
+    """The generator's ground truth: only events late by design are late, and all of them that
+    the rest of the stream overtakes by more than bound + window + lateness (near its end,
+    nothing does: there it depends on the window's end, so both bounds are checked)."""
+    events = stream()
+    last = max(e.time_ms for e in events[:-PARTITIONS])
+    by_design = [e for e in events if e.delay_ms == CONFIG.late_delay_ms]
+    windowed = [q for q in QUERIES if late_numbers(q)]
+    assert windowed == ["nexmark_q5", "nexmark_q7", "nexmark_q8"]
+    for query in windowed:
+        job = load_job(query)
+        slack = CONFIG.late_delay_ms - BOUND_MS - job.allowed_lateness_ms
+        surely = {e.number for e in by_design if e.arrival_ms < last + slack - window_span(job.window) - CONFIG.max_delay_ms}
+        possibly = {e.number for e in by_design if e.arrival_ms <= last + slack}
+        assert surely <= late_numbers(query) <= possibly and 10 < len(surely), (query, len(surely), len(possibly))
+
+
+# Queries run side by side on one pipeline, as separate deployments of one topic set (their
+# partials, results and late records share topics, told apart by job): two groups, four
+# queries each, two workers per query.
+GROUPS = {
+    "stateless_and_incremental_join": ("nexmark_q0", "nexmark_q1", "nexmark_q2", "nexmark_q3"),
+    "aggregations_and_windowed_join": ("nexmark_q4", "nexmark_q5", "nexmark_q7", "nexmark_q8"),
+}
+
+
+def test_the_groups_hold_every_query() -> None:
+    assert sorted(q for group in GROUPS.values() for q in group) == QUERIES
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("group", sorted(GROUPS))
+def test_nexmark_queries_stay_exact_through_kill9s_and_a_rebalance(pipeline: Pipeline, group: str) -> None:
+    queries = GROUPS[group]
+    events = list(stream())
+    stateful = {q: load_job(q).kind != "transform" for q in queries}
 
     # Small map batches: each starts from the partitions' committed event time, which a restart
     # or a rebalance must restore (a late record first in a batch would slip through otherwise).
     env = {
         "ONCEFLOW_COMPUTE_WATERMARK_BOUND_MS": str(BOUND_MS),
-        "ONCEFLOW_COMPUTE_MIN_BATCH_RECORDS": "50",
-        "ONCEFLOW_COMPUTE_MAX_BATCH_RECORDS": "300",
+        "ONCEFLOW_COMPUTE_MIN_BATCH_RECORDS": "100",
+        "ONCEFLOW_COMPUTE_MAX_BATCH_RECORDS": "1000",
     }
-    body, tail = events[: -PARTITIONS - 1000], events[-PARTITIONS - 1000 :]
-    sender = threading.Thread(target=produce, args=(pipeline, body, 12, 1.0), daemon=True)
+    body, tail = events[: -PARTITIONS - 500], events[-PARTITIONS - 500 :]
+    # Spread over a minute, so the kills below land while records still flow.
+    sender = threading.Thread(target=produce, args=(pipeline, body, 30, 2.0), daemon=True)
     sender.start()
-    workers = {"a": worker(pipeline, JOB, "a", **env).start()}
-    workers["a"].wait_log("compute: assigned", 120)
-    workers["b"] = worker(pipeline, JOB, "b", **env).start()  # a rebalance: b takes half
-    rng = random.Random(5)
-    for _ in range(3):
-        time.sleep(rng.uniform(2.0, 6.0))
-        name = rng.choice("ab")
-        workers[name].kill9()
-        workers[name] = worker(pipeline, JOB, name, **env).start()
+    workers = {q: {"a": worker(pipeline, q, "a", **env).start()} for q in queries}
+    for q in queries:
+        workers[q]["a"].wait_log("compute: assigned", 180)
+    for q in queries:
+        workers[q]["b"] = worker(pipeline, q, "b", **env).start()  # a rebalance: b takes half
+
+    def kill_three_times(query: str) -> None:
+        """Each kill hits a worker that owns partitions (not one whose Spark is still starting),
+        at a random moment of its work."""
+        rng = random.Random(f"{group}:{query}")
+        for _ in range(3):
+            name = rng.choice("ab")
+            workers[query][name].wait_log("compute: assigned", 180)
+            time.sleep(rng.uniform(0.5, 3.0))
+            workers[query][name].kill9()
+            workers[query][name] = worker(pipeline, query, name, **env).start()
+
+    with ThreadPoolExecutor() as pool:
+        list(pool.map(kill_three_times, queries))
     sender.join(180)
     assert not sender.is_alive()
-    # b leaves: a restores b's panes and watermarks from the changelogs for the tail.
-    workers["a"].wait_log("compute-merge: assigned", 120)
-    assert workers["b"].terminate() == 0, workers["b"].log_tail()
+    # b leaves once up: a (running or still starting) restores b's state and watermarks from
+    # the changelogs for the tail.
+    for q in queries:
+        workers[q]["b"].wait_log("compute: assigned", 180)
+    with ThreadPoolExecutor() as pool:
+        codes = list(pool.map(lambda q: workers[q]["b"].terminate(), queries))
+    assert codes == [0] * len(queries), [workers[q]["b"].log_tail() for q in queries]
     produce(pipeline, tail, 1, 0.0)
-    wait_consumed(pipeline, JOB)
-
+    for q in queries:
+        wait_consumed(pipeline, q, merge=stateful[q])
     letters = [DeadLetter.FromString(r.value) for r in checker.read_committed(pipeline.common, pipeline.topic("compute.late"))]
-    late_ids = Counter(checker.record_id_of_bytes(letter.original) for letter in letters)
-    assert set(late_ids) == {f"nx:{n}" for n in late} and set(late_ids.values()) == {1}
-    assert all(letter.message.startswith("late: ") for letter in letters)
+    for q in queries:
+        late_ids = Counter(checker.record_id_of_bytes(x.original) for x in letters if x.message.startswith(f"late: job {q}: "))
+        assert late_ids == Counter(f"nx:{n}" for n in late_numbers(q)), q  # each late record once, only those
+    assert len(letters) == sum(len(late_numbers(q)) for q in queries)
     assert not checker.read_committed(pipeline.common, pipeline.topic("compute.dlq"), timeout_s=5)
 
-    def folded() -> dict[str, dict]:
-        fold = checker.fold_results(checker.read_committed(pipeline.common, pipeline.topic("compute.results")), JOB)
-        assert not fold.problems, fold.problems[:10]
-        return {key: json.loads(row) for key, row in fold.table.items()}
-
+    results = checker.read_committed(pipeline.common, pipeline.topic("compute.results"))
     deadline = time.monotonic() + 120
-    while (table := folded()) != expected and time.monotonic() < deadline:
-        time.sleep(3.0)  # the last heartbeats' watermark reaches the merge tasks
-    missing, extra = expected.keys() - table.keys(), table.keys() - expected.keys()
-    wrong = {k for k in expected.keys() & table.keys() if table[k] != expected[k]}
-    assert table == expected, (len(missing), len(extra), len(wrong), sorted(wrong)[:3], sorted(missing)[:3])
-    assert len(table) > 500
+    for q in queries:
+        expected = ANSWERS[q](on_time(q))
+        while (table := folded(results, q)) != expected and time.monotonic() < deadline:
+            time.sleep(3.0)  # the last heartbeats' watermark reaches the merge tasks
+            results = checker.read_committed(pipeline.common, pipeline.topic("compute.results"))
+        missing, extra = expected.keys() - table.keys(), table.keys() - expected.keys()
+        wrong = {k for k in expected.keys() & table.keys() if table[k] != expected[k]}
+        assert table == expected, (q, len(missing), len(extra), len(wrong), sorted(wrong)[:3], sorted(missing)[:3])
+        assert expected
     hanging = checker.hanging_transactions(
         pipeline.common, [pipeline.topic(t) for t in ("compute.partials", "compute.results", "compute.late")], wait_s=30
     )
     assert not hanging, hanging
-    assert workers["a"].terminate() == 0, workers["a"].log_tail()
+    for q in queries:
+        assert workers[q]["a"].terminate() == 0, workers[q]["a"].log_tail()
+
+
+def folded(results: list, query: str) -> dict[str, dict]:
+    fold = checker.fold_results(results, query)
+    assert not fold.problems, (query, fold.problems[:10])
+    return {key: json.loads(row) for key, row in fold.table.items()}

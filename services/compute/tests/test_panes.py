@@ -164,6 +164,21 @@ def test_early_firings_every_n_ms_of_processing_time_then_on_time_then_late() ->
     assert (late.timing, late.row["sum"], late.retractions) == (Timing.LATE, 8, ((Window(0, 100), {"key": "k", "sum": 3}),))
 
 
+def test_a_late_record_that_leaves_the_row_as_it_was_fires_nothing() -> None:
+    """Retracting a row to upsert the same row again says nothing (and would read as a duplicate)."""
+    engine = WindowedAggregation(
+        Tumbling(100), max, lambda key, window, acc: {"key": key, "max": acc}, allowed_lateness_ms=100
+    )
+    engine.add("k", 10, 7)
+    engine.advance_watermark(100)
+    assert [f.row["max"] for f in engine.fire(0)] == [7]
+    assert engine.add("k", 20, 3)  # late, and below the maximum
+    assert engine.fire(1) == [] and "k" in engine.changed_keys
+    assert engine.add("k", 30, 9)
+    (late,) = engine.fire(2)
+    assert (late.row["max"], late.retractions) == (9, ((Window(0, 100), {"key": "k", "max": 7}),))
+
+
 def test_records_past_allowed_lateness_are_refused_and_their_windows_dropped() -> None:
     engine = summing(Tumbling(100), Accumulation.ACCUMULATING, allowed_lateness_ms=50)
     engine.add("k", 10, 1)

@@ -12,7 +12,7 @@ from onceflow.txn import TransactionalLoop
 from onceflow.v1 import compute_pb2, compute_pb2_grpc
 
 from onceflow_compute import jobs
-from onceflow_compute.api import Aggregation, Job
+from onceflow_compute.api import Aggregation, Job, Join, Transform
 from onceflow_compute.dataflow.windows import Window
 from onceflow_compute.stages import describe_aggregates, state_key
 from onceflow_compute.stats import JobCounts
@@ -70,9 +70,9 @@ class ComputeAdminServicer(compute_pb2_grpc.ComputeAdminServicer):
         job_name = request.job or self._job.name
         if job_name != self._job.name:
             context.abort(grpc.StatusCode.NOT_FOUND, f"job {job_name!r}: this worker runs {self._job.name!r}")
-        if not isinstance(self._job, Aggregation) or self._stores is None:
+        if isinstance(self._job, Transform) or self._stores is None:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"job {job_name!r} is a stateless transform")
-        assert isinstance(self._job, Aggregation) and self._stores is not None
+        assert not isinstance(self._job, Transform) and self._stores is not None
         skey = state_key(job_name, request.key)
         found = next(((p, v) for p, store in self._stores.items() if (v := store.get(skey)) is not None), None)
         if found is None:
@@ -80,7 +80,10 @@ class ComputeAdminServicer(compute_pb2_grpc.ComputeAdminServicer):
             return compute_pb2.GetStateReply(found=False, partition=-1, owned=False)
         partition, value = found
         partials = json.loads(value)
-        if self._job.windowed:
+        if isinstance(self._job, Join):
+            # A join key's state is its rows: {"left": [[event time, row], ...], "right": [...]}.
+            row = json.dumps(partials, sort_keys=True)
+        elif self._job.windowed:
             # The key's panes: [start, end, partials, last emitted row, ...] per open window.
             rows = {
                 self._job.result_key(request.key, Window(start, end)): self._job.window_row(request.key, Window(start, end), acc)

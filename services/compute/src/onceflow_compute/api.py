@@ -1,10 +1,12 @@
 """The job API: what a user writes (docs/jobs.md).
 
-A job is a Python module with a module-level ``job``: either
+A job is a Python module with a module-level ``job``: one of
 
 - an :class:`Aggregation`: an optional stateless ``prepare`` (DataFrame -> DataFrame), then a
-  group key and aggregates whose partial state per key lives in the changelog-backed store, or
-- a :class:`Transform`: a stateless DataFrame -> DataFrame whose rows are the results.
+  group key and aggregates whose partial state per key lives in the changelog-backed store;
+- a :class:`Transform`: a stateless DataFrame -> DataFrame whose rows are the results;
+- a :class:`Join`: two stateless sides (DataFrame -> DataFrame) joined on a column, both sides'
+  rows kept per join key in the changelog-backed store, retracting what a later row changes.
 
 Every aggregate is a combiner in four parts (init/add as Spark columns over one micro-batch,
 merge and result over partials in the worker), so any split of the stream into batches gives
@@ -21,8 +23,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 
+from onceflow_compute.dataflow.joins import JoinKind
 from onceflow_compute.dataflow.panes import Accumulation, Trigger
-from onceflow_compute.dataflow.windows import GlobalWindows, Hopping, Sessions, Tumbling, Window, WindowFn
+from onceflow_compute.dataflow.windows import GLOBAL, GlobalWindows, Hopping, Sessions, Tumbling, Window, WindowFn
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -35,8 +38,8 @@ WINDOW_START = "window_start"
 WINDOW_END = "window_end"
 
 __all__ = [
-    "Accumulation", "Aggregation", "Avg", "Combine", "Combiner", "Count", "GlobalWindows", "Hopping", "Max", "Min",
-    "Sessions", "Sum", "Transform", "Trigger", "Tumbling",
+    "Accumulation", "Aggregation", "Avg", "Combine", "Combiner", "Count", "GlobalWindows", "Hopping", "Join", "JoinKind",
+    "Max", "Min", "Sessions", "Sum", "Transform", "Trigger", "Tumbling",
 ]
 
 # Columns the worker adds next to the payload fields, for prepare/transform to use.
@@ -320,7 +323,83 @@ class Transform:
     kind: str = field(default="transform", init=False)
 
 
-Job = Aggregation | Transform
+@dataclass(frozen=True)
+class Join:
+    """A stream-stream equi-join (docs/jobs.md#joins). ``left`` and ``right`` turn a micro-batch
+    into each side's rows; both must have the ``on`` column, their id column (unique per row:
+    result keys are built from it) and the ``time_column``. Windowed (tumbling), two rows join
+    only within one window, and a window's rows are dropped once the watermark passes its end
+    plus the allowed lateness; with the global window every row is kept (an incremental join).
+
+    A result row is ``{"left": {...} | null, "right": {...} | null}`` (plus the window's bounds
+    when windowed), keyed ``left_id|right_id`` (empty for a null side, ``@start-end`` appended
+    when windowed). An outer side's row without partners is emitted padded with null and
+    retracted when its first partner arrives."""
+
+    name: str
+    schema: pa.Schema
+    left: Callable[[DataFrame], DataFrame]
+    right: Callable[[DataFrame], DataFrame]
+    on: str
+    left_id: str
+    right_id: str
+    how: JoinKind = JoinKind.INNER
+    window: WindowFn = field(default_factory=GlobalWindows)
+    allowed_lateness_ms: int = 0
+    time_column: str = "_event_time_ms"
+    doc: str = ""
+    kind: str = field(default="join", init=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.window, (Tumbling, GlobalWindows)):
+            raise ValueError(f"job {self.name}: a join's window is tumbling or global")
+        if self.allowed_lateness_ms < 0:
+            raise ValueError(f"job {self.name}: allowed_lateness_ms must be >= 0")
+
+    @property
+    def windowed(self) -> bool:
+        return not isinstance(self.window, GlobalWindows)
+
+    @property
+    def key(self) -> str:
+        """The join column: the key a join's state is kept (and looked up) by."""
+        return self.on
+
+    @property
+    def retention_ms(self) -> int | None:
+        """How far behind the watermark a row stays joinable: its window plus the lateness
+        (no later record of that window passes the event-time gate)."""
+        if isinstance(self.window, Tumbling):
+            return self.window.size_ms + self.allowed_lateness_ms
+        return None
+
+    def window_of(self, event_time_ms: int) -> Window:
+        return self.window.assign(event_time_ms)[0]
+
+    def join_key(self, on_value: str, window: Window) -> str:
+        return f"{on_value}@{window.label()}" if self.windowed else on_value
+
+    def window_of_key(self, join_key: str) -> Window:
+        if not self.windowed:
+            return GLOBAL
+        start, end = join_key.rpartition("@")[2].split("-")
+        return Window(int(start), int(end))
+
+    def row(self, left: dict[str, JSONValue] | None, right: dict[str, JSONValue] | None, window: Window) -> dict[str, JSONValue]:
+        row: dict[str, JSONValue] = {"left": left, "right": right}
+        if self.windowed:
+            row.update({WINDOW_START: window.start, WINDOW_END: window.end})
+        return row
+
+    def result_key(self, left: dict[str, JSONValue] | None, right: dict[str, JSONValue] | None, window: Window) -> str:
+        def id_of(side: dict[str, JSONValue] | None, column: str) -> str:
+            return "" if side is None else str(side.get(column))
+
+        key = f"{id_of(left, self.left_id)}|{id_of(right, self.right_id)}"
+        return f"{key}@{window.label()}" if self.windowed else key
+
+
+Job = Aggregation | Transform | Join
 
 
 def encode_json(value: JSONValue) -> bytes:

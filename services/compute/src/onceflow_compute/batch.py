@@ -4,7 +4,9 @@ The final table is what the streaming pipeline's result table converges to for t
 records: every record that streaming would let into the job is read here with the same Arrow
 parser and schema (:mod:`onceflow_compute.frames`), the job runs through the same engine code
 (:class:`~onceflow_compute.engines.SparkEngine`), and the partials become rows through the same
-``aggregate.partial`` / ``Aggregation.row`` the merge hop uses. Values take the JSON round trip
+``aggregate.partial`` / ``Aggregation.row`` the merge hop uses. A join is the exception: its
+batch answer is Spark SQL's own join of the two sides, not the streaming join's code, so the
+two implementations check each other. Values take the JSON round trip
 the results topic gives them, so the two tables compare equal with ``==`` (ints stay ints).
 
 Input records carry the job's payload fields; the metadata columns (``_record_id``, ``_key``,
@@ -30,10 +32,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from onceflow_compute import jobs, stats
-from onceflow_compute.api import METADATA_COLUMNS, Aggregation, Job, JSONValue, Transform, encode_json
+from onceflow_compute.api import METADATA_COLUMNS, Aggregation, Job, Join, JSONValue, Transform, encode_json
 from onceflow_compute.engines import Engine, SparkEngine
 from onceflow_compute.frames import parse_checked, parse_options
-from onceflow_compute.dataflow.windows import MAX_TIME
+from onceflow_compute.dataflow.windows import GLOBAL, MAX_TIME, Tumbling
 from onceflow_compute.stages import JobFailed, MapStage, partials_by_key
 from onceflow_compute.windowed import firing_changes, windowed_engine
 
@@ -204,7 +206,45 @@ def run_table(
         raise JobFailed(f"job {job.name} failed on all {len(failed)} records: {next(iter(failed.values()))}")
     if isinstance(job, Transform):
         return _transform_rows(job, outputs), failed
+    if isinstance(job, Join):
+        kept = pa.array([i not in failed for i in range(table.num_rows)], pa.bool_())
+        return _join_rows(job, pc.filter(table, kept), engine), failed
     return _aggregate_rows(job, outputs), failed
+
+
+def _join_rows(job: Join, table: pa.Table, engine: Engine) -> dict[str, dict[str, JSONValue]]:
+    """Spark SQL's join of the two sides (within each window when windowed)."""
+    if not isinstance(engine, SparkEngine):
+        raise ValueError(f"job {job.name}: joins need the Spark engine")
+    from pyspark.sql import functions as F
+
+    frame = engine.frame(table)
+    sides = []
+    for prefix, build in (("l", job.left), ("r", job.right)):
+        rows = build(frame).where(F.col(job.on).isNotNull() & F.col(job.time_column).isNotNull())
+        columns = rows.columns
+        if isinstance(job.window, Tumbling):
+            size, offset = job.window.size_ms, job.window.offset_ms
+            start = F.floor((F.col(job.time_column).cast("long") - offset) / size) * size + offset
+        else:
+            start = F.lit(0)
+        sides.append(
+            rows.select(
+                F.col(job.on).cast("string").alias(f"{prefix}_on"),
+                start.cast("long").alias(f"{prefix}_window"),
+                F.struct(*[F.col(c) for c in columns]).alias(prefix),
+            )
+        )
+    left, right = sides
+    condition = (F.col("l_on") == F.col("r_on")) & (F.col("l_window") == F.col("r_window"))
+    how = {"inner": "inner", "left": "left_outer", "right": "right_outer", "full": "full_outer"}[job.how.value]
+    joined = left.join(right, condition, how).select("l", "r", F.coalesce("l_window", "r_window").alias("window"))
+    rows: dict[str, dict[str, JSONValue]] = {}
+    for row in joined.toArrow().to_pylist():
+        l, r = row["l"], row["r"]
+        window = job.window_of(row["window"]) if job.windowed else GLOBAL
+        rows[job.result_key(l, r, window)] = _json(job.row(l, r, window))
+    return rows
 
 
 def _aggregate_rows(job: Aggregation, outputs: list[pa.Table]) -> dict[str, dict[str, JSONValue]]:

@@ -14,7 +14,7 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from onceflow_compute.api import Aggregation, Combine, Transform
+from onceflow_compute.api import Aggregation, Combine, Join, Transform
 from onceflow_compute.dataflow.windows import time_grain
 
 log = logging.getLogger(__name__)
@@ -22,6 +22,10 @@ log = logging.getLogger(__name__)
 KEY = "__key"
 # A windowed job's partials are per key and event-time bucket (windows.time_grain).
 BUCKET = "__bucket"
+# A join's rows: which side (JoinRow.Side), the join column (KEY), event time, the row as JSON.
+SIDE = "__side"
+TIME = "__time"
+ROW = "__row"
 
 
 class Engine(Protocol):
@@ -30,6 +34,8 @@ class Engine(Protocol):
     def partials(self, job: Aggregation, table: pa.Table) -> pa.Table: ...
 
     def transform(self, job: Transform, table: pa.Table) -> pa.Table: ...
+
+    def join_rows(self, job: Join, table: pa.Table) -> pa.Table: ...
 
     def close(self) -> None: ...
 
@@ -122,6 +128,30 @@ class SparkEngine:
     def transform(self, job: Transform, table: pa.Table) -> pa.Table:
         return job.transform(self.frame(table)).toArrow()
 
+    def join_rows(self, job: Join, table: pa.Table) -> pa.Table:
+        """Both sides' rows of one batch, as (SIDE, KEY, TIME, ROW). Rows without a join key or
+        an event time join nothing and are left out (as SQL's inner join would)."""
+        from pyspark.sql import functions as F
+
+        from onceflow.v1.compute_pb2 import JoinRow
+
+        frame = self.frame(table)
+        if table.num_rows <= self._rows_per_partition:
+            frame = frame.coalesce(1)
+        sides = []
+        for side, build in ((JoinRow.LEFT, job.left), (JoinRow.RIGHT, job.right)):
+            rows = build(frame)
+            row = F.to_json(F.struct(*[F.col(c) for c in rows.columns]), {"ignoreNullFields": "false"})
+            sides.append(
+                rows.where(F.col(job.on).isNotNull() & F.col(job.time_column).isNotNull()).select(
+                    F.lit(side).alias(SIDE),
+                    F.col(job.on).cast("string").alias(KEY),
+                    F.col(job.time_column).cast("long").alias(TIME),
+                    row.alias(ROW),
+                )
+            )
+        return sides[0].unionByName(sides[1]).toArrow()
+
     def close(self) -> None:
         self.session.stop()
 
@@ -146,6 +176,9 @@ class PandasEngine:
 
     def transform(self, job: Transform, table: pa.Table) -> pa.Table:
         raise ValueError(f"job {job.name}: transforms need the Spark engine")
+
+    def join_rows(self, job: Join, table: pa.Table) -> pa.Table:
+        raise ValueError(f"job {job.name}: joins need the Spark engine")
 
     def close(self) -> None:
         pass

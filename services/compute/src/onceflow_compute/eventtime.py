@@ -1,4 +1,4 @@
-"""The map hop's event-time duties for a windowed job.
+"""The map hop's event-time duties for a windowed job (aggregation or join).
 
 Per ``dedup.records`` partition it keeps the newest event time committed so far, in the hop's
 changelog-backed state (``compute.eventtime``), so a restart or a rebalance resumes it. A record
@@ -22,14 +22,14 @@ import pyarrow.compute as pc
 from onceflow.txn.batch import Batch
 from onceflow.v1.compute_pb2 import PartialAggregate, SourceWatermark
 
-from onceflow_compute.api import Aggregation
+from onceflow_compute.api import Aggregation, Join
 from onceflow_compute.frames import Frame
 
 
 class EventTimeGate:
     def __init__(
         self,
-        job: Aggregation,
+        job: Aggregation | Join,
         bound_ms: int,
         late_topic: str,
         partials_topic: str,
@@ -70,7 +70,7 @@ class EventTimeGate:
             first_end = min(w.end for w in self.job.window.assign(time))
             if watermark is not None and first_end + self.job.allowed_lateness_ms <= watermark:
                 reason = (
-                    f"late: event time {time} is in a window ending at {first_end}, and the watermark of "
+                    f"late: job {self.job.name}: event time {time} is in a window ending at {first_end}, and the watermark of "
                     f"partition {partition} was {watermark} (allowed lateness {self.job.allowed_lateness_ms} ms)"
                 )
                 batch.dead_letter(record, reason, topic=self._late_topic)

@@ -16,11 +16,12 @@ from onceflow.v1 import compute_pb2, compute_pb2_grpc
 
 from onceflow_compute import jobs, stats
 from onceflow_compute.admin import ComputeAdminServicer
-from onceflow_compute.api import Aggregation
+from onceflow_compute.api import Aggregation, Join, Transform
 from onceflow_compute.config import ComputeSettings, EngineName
 from onceflow_compute.engines import Engine, PandasEngine, SparkEngine
 from onceflow_compute.eventtime import EventTimeGate
 from onceflow_compute.stages import MapStage, MergeStage
+from onceflow_compute.joined import JoinMergeStage
 from onceflow_compute.windowed import WindowedMergeStage
 from onceflow_compute.dataflow.watermarks import WatermarkTracker
 
@@ -38,15 +39,23 @@ def make_engine(settings: ComputeSettings, job_name: str) -> Engine:
     )
 
 
+def merge_stage_for(job: Aggregation | Join, results_topic: str, counts: stats.JobCounts) -> MergeStage | WindowedMergeStage | JoinMergeStage:
+    if isinstance(job, Join):
+        return JoinMergeStage(job, results_topic, counts)
+    if job.windowed:
+        return WindowedMergeStage(job, results_topic, counts)
+    return MergeStage(job, results_topic, counts)
+
+
 def build(settings: ComputeSettings) -> tuple[list[TransactionalLoop], ServiceServer, Engine]:
     common = settings.common
     job = jobs.load_job(settings.job)  # a bad job name fails here, before Spark starts
     engine = make_engine(settings, job.name)
     counts = stats.JobCounts()
-    windowed = isinstance(job, Aggregation) and job.windowed
+    windowed = isinstance(job, (Aggregation, Join)) and job.windowed
     event_time = None
     if windowed:
-        assert isinstance(job, Aggregation)
+        assert isinstance(job, (Aggregation, Join))
         event_time = EventTimeGate(
             job,
             settings.watermark_bound_ms,
@@ -78,12 +87,8 @@ def build(settings: ComputeSettings) -> tuple[list[TransactionalLoop], ServiceSe
     )
     loops = [map_loop]
     stores = None
-    if isinstance(job, Aggregation):
-        merge_stage: MergeStage | WindowedMergeStage = (
-            WindowedMergeStage(job, common.topic("compute.results"), counts)
-            if windowed
-            else MergeStage(job, common.topic("compute.results"), counts)
-        )
+    if not isinstance(job, Transform):
+        merge_stage = merge_stage_for(job, common.topic("compute.results"), counts)
         merge_loop = TransactionalLoop(
             stage=merge_stage,
             common=common,
@@ -96,7 +101,7 @@ def build(settings: ComputeSettings) -> tuple[list[TransactionalLoop], ServiceSe
         )
         loops.append(merge_loop)
         stores = merge_loop.stores
-        if isinstance(merge_stage, WindowedMergeStage):
+        if isinstance(merge_stage, (WindowedMergeStage, JoinMergeStage)):
             merge_stage.stores = stores
 
     admin = ComputeAdminServicer(

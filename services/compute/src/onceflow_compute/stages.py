@@ -2,11 +2,12 @@
 
 map (stateless, the engine): dedup.records -> one Arrow table -> the job -> for an aggregation,
     one partial aggregate per group key to compute.partials (keyed by job and group key, so the
-    key's state has one owner whatever the input's key was); for a transform, result rows
-    straight to compute.results. The input's tuple trees end here: from this transaction on, the
+    key's state has one owner whatever the input's key was); for a join, each side's rows to
+    compute.partials keyed by join key; for a transform, result rows straight to compute.results. The input's tuple trees end here: from this transaction on, the
     record's effect is durable in Kafka, and every later hop is a transaction too.
 merge (stateful, no engine): compute.partials -> merge into the key's state (changelog-backed)
-    -> for each key whose row changed, ``-old`` then ``+new`` to compute.results.
+    -> for each key whose row changed, ``-old`` then ``+new`` to compute.results. (Windowed
+    aggregations: windowed.py; joins: joined.py.)
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ from confluent_kafka import Message
 from onceflow import faults
 from onceflow.codec import now_ms
 from onceflow.txn.batch import Batch
-from onceflow.v1.compute_pb2 import PartialAggregate
+from onceflow.v1.compute_pb2 import JoinRow, PartialAggregate
 from onceflow.v1.results_pb2 import ResultChange
 
 from onceflow_compute import stats
-from onceflow_compute.api import Aggregation, JSONValue, Transform, encode_json
-from onceflow_compute.engines import BUCKET, KEY, Engine, partial_columns
+from onceflow_compute.api import Aggregation, JSONValue, Join, Job, Transform, encode_json
+from onceflow_compute.engines import BUCKET, KEY, ROW, SIDE, TIME, Engine, partial_columns
 from onceflow_compute.eventtime import EventTimeGate
 from onceflow_compute.frames import Frame, build_frame
 from onceflow_compute.dataflow.watermarks import WatermarkTracker
@@ -53,7 +54,7 @@ class MapStage:
 
     def __init__(
         self,
-        job: Aggregation | Transform,
+        job: Job,
         engine: Engine,
         partials_topic: str,
         results_topic: str,
@@ -143,6 +144,8 @@ class MapStage:
         try:
             if isinstance(self.job, Aggregation):
                 return [self.engine.partials(self.job, table)], {}
+            if isinstance(self.job, Join):
+                return [self.engine.join_rows(self.job, table)], {}
             return [self.engine.transform(self.job, table)], {}
         except Exception as exc:  # noqa: BLE001 - the user's job may raise anything
             self._last_error = _describe(exc)
@@ -170,6 +173,8 @@ class MapStage:
                     batch.emit(self._results_topic, value, key=state_key(job.name, key))
                     emitted += 1
             return emitted
+        if isinstance(job, Join):
+            return self._emit_join_rows(job, outputs, batch)
         # Bisection may have split the batch: merge the parts' partials per key (and bucket) first.
         merged: dict[tuple[str, int], list[JSONValue]] = {}
         for table in outputs:
@@ -181,6 +186,18 @@ class MapStage:
             # Keyed by the group key alone: all of a key's windows have one owner (sessions merge).
             batch.emit(self._partials_topic, value.SerializeToString(), key=state_key(job.name, key))
         return len(merged)
+
+    def _emit_join_rows(self, job: Join, outputs: list[pa.Table], batch: Batch) -> int:
+        emitted = 0
+        for table in outputs:
+            columns = [table.column(name).to_pylist() for name in (SIDE, KEY, TIME, ROW)]
+            for side, on, event_time, row in zip(*columns, strict=True):
+                key = job.join_key(on, job.window_of(event_time))
+                joined = JoinRow(side=side, row=row.encode(), event_time_ms=event_time)
+                value = PartialAggregate(job=job.name, key=key, join_row=joined)
+                batch.emit(self._partials_topic, value.SerializeToString(), key=state_key(job.name, key))
+                emitted += 1
+        return emitted
 
     def _count_after_commit(self, batch: Batch, job_seconds: float | None, emitted: int, late: int) -> None:
         records, dead = len(batch.records), batch.dead_letters

@@ -15,8 +15,9 @@ import json
 import logging
 
 from onceflow.state.stores import PartitionStores
+from onceflow.state.overlay import StateTransaction
 from onceflow.txn.batch import Batch
-from onceflow.v1.compute_pb2 import PartialAggregate
+from onceflow.v1.compute_pb2 import PartialAggregate, SourceWatermark
 from onceflow.v1.results_pb2 import ResultChange
 
 from onceflow_compute import stats
@@ -25,6 +26,50 @@ from onceflow_compute.dataflow.panes import Firing, WindowedAggregation
 from onceflow_compute.stages import result_change, state_key
 
 log = logging.getLogger(__name__)
+
+
+class SourceWatermarks:
+    """What each merge partition knows of event time: the latest watermark every
+    ``dedup.records`` partition reported to it, and how many there are. Kept in the partition's
+    store under ``job\x01<source partition>`` next to the job's state."""
+
+    def __init__(self, job: str) -> None:
+        self._prefix = f"{job}\x01".encode()
+        self._marks: dict[int, dict[int, int]] = {}
+        self._count: dict[int, int] = {}
+
+    def forget(self, partition: int) -> None:
+        self._marks.pop(partition, None)
+        self._count.pop(partition, None)
+
+    def restore(self, partition: int, key: bytes, value: bytes) -> bool:
+        """Take one stored entry if it is a source watermark."""
+        if not key.startswith(self._prefix):
+            return False
+        mark, count = json.loads(value)
+        self._marks.setdefault(partition, {})[int(key[len(self._prefix) :])] = mark
+        self._count[partition] = count
+        return True
+
+    def note(self, partition: int, mark: SourceWatermark, reported: set[int]) -> None:
+        marks = self._marks.setdefault(partition, {})
+        if mark.watermark_ms > marks.get(mark.partition, mark.watermark_ms - 1):
+            marks[mark.partition] = mark.watermark_ms
+            self._count[partition] = mark.partitions
+            reported.add(mark.partition)
+
+    def watermark(self, partition: int) -> int | None:
+        """The minimum over every dedup.records partition, once each has reported."""
+        marks = self._marks.get(partition, {})
+        count = self._count.get(partition, 0)
+        if not count or len(marks) < count:
+            return None
+        return min(marks.values())
+
+    def persist(self, state: StateTransaction, partition: int, reported: set[int]) -> None:
+        count = self._count.get(partition, 0)
+        for source in reported:
+            state.put(self._prefix + str(source).encode(), encode_json([self._marks[partition][source], count]))
 
 
 def windowed_engine(job: Aggregation) -> WindowedAggregation:
@@ -57,11 +102,8 @@ class WindowedMergeStage:
         # The merge loop's stores, set once the loop exists (the loop restores them on assign).
         self.stores: PartitionStores | None = None
         self._engines: dict[int, WindowedAggregation] = {}
-        # Per merge partition: dedup.records partition -> its latest watermark; and how many there are.
-        self._sources: dict[int, dict[int, int]] = {}
-        self._source_count: dict[int, int] = {}
+        self.sources = SourceWatermarks(job.name)
         self._pane_prefix = f"{job.name}\x00".encode()
-        self._source_prefix = f"{job.name}\x01".encode()
 
     # -- state ---------------------------------------------------------------------------
 
@@ -72,8 +114,7 @@ class WindowedMergeStage:
     def on_revoke(self, partitions: list[int]) -> None:
         for partition in partitions:
             self._engines.pop(partition, None)
-            self._sources.pop(partition, None)
-            self._source_count.pop(partition, None)
+            self.sources.forget(partition)
 
     def on_rollback(self) -> None:
         for partition in list(self._engines):
@@ -82,29 +123,18 @@ class WindowedMergeStage:
     def _load(self, partition: int) -> None:
         assert self.stores is not None
         engine = windowed_engine(self.job)
-        sources: dict[int, int] = {}
-        count = 0
+        self.sources.forget(partition)
         for key, value in self.stores[partition].items():
             if key.startswith(self._pane_prefix):
                 engine.restore(key[len(self._pane_prefix) :].decode(), json.loads(value))
-            elif key.startswith(self._source_prefix):
-                sources[int(key[len(self._source_prefix) :])], count = json.loads(value)
+            else:
+                self.sources.restore(partition, key, value)
         engine.changed_keys.clear()
         self._engines[partition] = engine
-        self._sources[partition] = sources
-        self._source_count[partition] = count
-        engine.advance_watermark(self.watermark(partition))
-
-    def watermark(self, partition: int) -> int | None:
-        """The minimum over every dedup.records partition, once each has reported."""
-        sources = self._sources.get(partition, {})
-        count = self._source_count.get(partition, 0)
-        if not count or len(sources) < count:
-            return None
-        return min(sources.values())
+        engine.advance_watermark(self.sources.watermark(partition))
 
     def watermarks(self) -> dict[int, int | None]:
-        return {p: self.watermark(p) for p in sorted(self._engines)}
+        return {p: self.sources.watermark(p) for p in sorted(self._engines)}
 
     # -- a batch -------------------------------------------------------------------------
 
@@ -118,7 +148,7 @@ class WindowedMergeStage:
                 if partial.job != self.job.name:
                     continue  # another job's partial
                 if partial.HasField("watermark"):
-                    self._note_watermark(partition, partial, reported)
+                    self.sources.note(partition, partial.watermark, reported)
                 else:
                     self._add(partition, partial)
             except Exception as exc:  # noqa: BLE001 - one bad partial must not stop the stream
@@ -127,14 +157,6 @@ class WindowedMergeStage:
         for partition, reported in touched.items():
             changes += self._fire(batch, partition, reported)
         self._count_after_commit(batch, changes)
-
-    def _note_watermark(self, partition: int, partial: PartialAggregate, reported: set[int]) -> None:
-        mark = partial.watermark
-        sources = self._sources.setdefault(partition, {})
-        if mark.watermark_ms > sources.get(mark.partition, mark.watermark_ms - 1):
-            sources[mark.partition] = mark.watermark_ms
-            self._source_count[partition] = mark.partitions
-            reported.add(mark.partition)
 
     def _add(self, partition: int, partial: PartialAggregate) -> None:
         values = json.loads(partial.partials)
@@ -149,7 +171,7 @@ class WindowedMergeStage:
 
     def _fire(self, batch: Batch, partition: int, reported: set[int]) -> int:
         engine = self._engines[partition]
-        engine.advance_watermark(self.watermark(partition))
+        engine.advance_watermark(self.sources.watermark(partition))
         changes = 0
         for firing in engine.fire(batch.now_ms):
             kafka_key = state_key(self.job.name, firing.key)
@@ -165,10 +187,7 @@ class WindowedMergeStage:
             else:
                 state.put(skey, encode_json(snapshot))
         engine.changed_keys.clear()
-        count = self._source_count.get(partition, 0)
-        for source in reported:
-            value = encode_json([self._sources[partition][source], count])
-            state.put(self._source_prefix + str(source).encode(), value)
+        self.sources.persist(state, partition, reported)
         return changes
 
     def _count_after_commit(self, batch: Batch, changes: int) -> None:

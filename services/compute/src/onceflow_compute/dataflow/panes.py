@@ -191,8 +191,8 @@ class WindowedAggregation:
             if pane is None or pane.fired_on_time:
                 continue  # merged away, expired, or already fired
             pane.fired_on_time = True
-            if pane.dirty:
-                firings.append(self._fire(key, window, pane, Timing.ON_TIME, now_ms))
+            if pane.dirty and (firing := self._fire(key, window, pane, Timing.ON_TIME, now_ms)):
+                firings.append(firing)
             self.changed_keys.add(key)
         for key, window in sorted(self._dirty):
             pane = self._panes.get(key, {}).get(window)
@@ -207,13 +207,21 @@ class WindowedAggregation:
                 if every is None or (pane.last_fired_ms is not None and now_ms - pane.last_fired_ms < every):
                     continue
                 timing = Timing.EARLY
-            firings.append(self._fire(key, window, pane, timing, now_ms))
+            if firing := self._fire(key, window, pane, timing, now_ms):
+                firings.append(firing)
         self._collect_expired()
         return firings
 
-    def _fire(self, key: str, window: Window, pane: _Pane, timing: Timing, now_ms: int) -> Firing:
+    def _fire(self, key: str, window: Window, pane: _Pane, timing: Timing, now_ms: int) -> Firing | None:
+        """The pane's firing; None when it would only repeat the row its last firing emitted
+        (a refinement that left the result as it was: retracting and re-adding it says nothing)."""
         assert pane.acc is not None
         row = self._result(key, window, pane.acc)
+        if self.accumulation is not Accumulation.DISCARDING and row == pane.emitted and not pane.merged_away:
+            pane.dirty = False
+            self._dirty.discard((key, window))
+            self.changed_keys.add(key)
+            return None
         retractions: tuple[tuple[Window, Row], ...] = ()
         if self.accumulation is Accumulation.RETRACTING:
             retractions = tuple(pane.merged_away)

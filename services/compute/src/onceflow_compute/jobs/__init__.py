@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from onceflow_compute.api import Aggregation, Job, Transform
+from onceflow_compute.api import Aggregation, Job, Join, Transform
 
 
 def builtin_names() -> list[str]:
@@ -21,6 +21,6 @@ def load_job(name: str) -> Job:
         known = ", ".join(builtin_names())
         raise ValueError(f"no job {name!r}: not a built-in ({known}) nor an importable module ({exc})") from exc
     job = getattr(module, "job", None)
-    if not isinstance(job, (Aggregation, Transform)):
-        raise ValueError(f"module {module_name} has no `job` (an Aggregation or a Transform)")
+    if not isinstance(job, (Aggregation, Join, Transform)):
+        raise ValueError(f"module {module_name} has no `job` (an Aggregation, a Join or a Transform)")
     return job

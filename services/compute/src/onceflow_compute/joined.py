@@ -1,0 +1,146 @@
+"""The merge hop of a join job: both sides' rows per join key in, joined rows (and their
+retractions) out.
+
+Each owned ``compute.partials`` partition has a :class:`StreamJoin` over the join keys it owns,
+restored from the partition's store (``compute.changelog``: ``job\\x00<join key>`` -> both sides'
+rows; a windowed join also keeps the source watermarks, as windowed.py does). Every row added
+becomes result changes at once, in the batch's transaction, with the changed keys' rows. A
+windowed join drops a window's rows once the partition's watermark passes the window's end plus
+the allowed lateness: the event-time gate lets no later row of that window through. As in
+windowed.py, the joins are a cache of committed state plus the open batch, reloaded from the
+stores when a batch is abandoned.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from onceflow.state.stores import PartitionStores
+from onceflow.txn.batch import Batch
+from onceflow.v1.compute_pb2 import JoinRow, PartialAggregate
+from onceflow.v1.results_pb2 import ResultChange
+
+from onceflow_compute import stats
+from onceflow_compute.api import Join, encode_json
+from onceflow_compute.dataflow.joins import JoinChange, StreamJoin
+from onceflow_compute.stages import result_change, state_key
+from onceflow_compute.windowed import SourceWatermarks
+
+log = logging.getLogger(__name__)
+
+OPS = {"+": ResultChange.UPSERT, "-": ResultChange.RETRACT}
+
+
+class JoinMergeStage:
+    name = "compute-merge"
+
+    def __init__(self, job: Join, results_topic: str, counts: stats.JobCounts) -> None:
+        self.job = job
+        self._results_topic = results_topic
+        self.counts = counts
+        # The merge loop's stores, set once the loop exists (the loop restores them on assign).
+        self.stores: PartitionStores | None = None
+        self._joins: dict[int, StreamJoin] = {}
+        self.sources = SourceWatermarks(job.name)
+        self._key_prefix = f"{job.name}\x00".encode()
+
+    # -- state ---------------------------------------------------------------------------
+
+    def on_assign(self, partitions: list[int]) -> None:
+        for partition in partitions:
+            self._load(partition)
+
+    def on_revoke(self, partitions: list[int]) -> None:
+        for partition in partitions:
+            self._joins.pop(partition, None)
+            self.sources.forget(partition)
+
+    def on_rollback(self) -> None:
+        for partition in list(self._joins):
+            self._load(partition)
+
+    def _load(self, partition: int) -> None:
+        assert self.stores is not None
+        join = StreamJoin(self.job.how, self.job.retention_ms)
+        self.sources.forget(partition)
+        for key, value in self.stores[partition].items():
+            if key.startswith(self._key_prefix):
+                join.restore(key[len(self._key_prefix) :].decode(), json.loads(value))
+            else:
+                self.sources.restore(partition, key, value)
+        join.changed_keys.clear()
+        self._joins[partition] = join
+
+    def watermarks(self) -> dict[int, int | None]:
+        return {p: self.sources.watermark(p) for p in sorted(self._joins)}
+
+    def rows_in_state(self) -> int:
+        return sum(join.rows_in_state() for join in self._joins.values())
+
+    # -- a batch -------------------------------------------------------------------------
+
+    def process(self, batch: Batch) -> None:
+        touched: dict[int, set[int]] = {}
+        changes = 0
+        for record in batch.records:
+            partition = record.partition()
+            reported = touched.setdefault(partition, set())
+            try:
+                partial = PartialAggregate.FromString(record.value() or b"")
+                if partial.job != self.job.name:
+                    continue  # another job's record
+                if partial.HasField("watermark"):
+                    self.sources.note(partition, partial.watermark, reported)
+                    continue
+                row, side = self._decode(partial)
+            except Exception as exc:  # noqa: BLE001 - one bad record must not stop the stream
+                batch.dead_letter(record, exc)
+                continue
+            join = self._joins[partition]
+            add = join.add_left if side == JoinRow.LEFT else join.add_right
+            for change in add(partial.key, row, partial.join_row.event_time_ms):
+                self._emit(batch, partial.key, change)
+                changes += 1
+        for partition, reported in touched.items():
+            self._persist(batch, partition, reported)
+        self._count_after_commit(batch, changes)
+
+    def _decode(self, partial: PartialAggregate) -> tuple[dict, int]:
+        if not partial.HasField("join_row") or partial.join_row.side not in (JoinRow.LEFT, JoinRow.RIGHT):
+            raise ValueError(f"record for join key {partial.key!r} carries no join row")
+        row = json.loads(partial.join_row.row)
+        if not isinstance(row, dict):
+            raise ValueError(f"join row for {partial.key!r} is not a JSON object: {row!r}")
+        return row, partial.join_row.side
+
+    def _emit(self, batch: Batch, join_key: str, change: JoinChange) -> None:
+        window = self.job.window_of_key(join_key)
+        result_key = self.job.result_key(change.left, change.right, window)
+        row = self.job.row(change.left, change.right, window)
+        value = result_change(self.job.name, result_key, OPS[change.op], row)
+        # Keyed by join key: a key's changes stay in order on one results partition.
+        batch.emit(self._results_topic, value, key=state_key(self.job.name, join_key))
+
+    def _persist(self, batch: Batch, partition: int, reported: set[int]) -> None:
+        join = self._joins[partition]
+        watermark = self.sources.watermark(partition)
+        if watermark is not None:
+            join.expire(watermark)
+        state = batch.state(partition)
+        for key in join.changed_keys:
+            snapshot = join.snapshot(key)
+            skey = state_key(self.job.name, key)
+            if snapshot is None:
+                state.delete(skey)
+            else:
+                state.put(skey, encode_json(snapshot))
+        join.changed_keys.clear()
+        self.sources.persist(state, partition, reported)
+
+    def _count_after_commit(self, batch: Batch, changes: int) -> None:
+        def count() -> None:
+            self.counts.results += changes
+            stats.RESULTS.labels(self.job.name).inc(changes)
+
+        batch.after_commit.append(count)
