@@ -10,6 +10,13 @@
 A crash is ``kill -9`` of our own pid: no finally blocks, no flushes, exactly what an operator's
 ``kill -9`` or the OOM killer does. Named points live where the transaction protocol has a gap
 worth testing (see ``POINTS``).
+
+``ONCEFLOW_SABOTAGE`` builds a deliberately broken pipeline, so a checker can prove it fails:
+
+- ``offsets_outside_txn``: the shared loop commits its consumer offsets directly, before the
+  transaction's outputs, instead of inside the transaction (a crash between loses the batch).
+
+Never set it outside a test of the checker.
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ POINTS = (
 )
 
 ENV = "ONCEFLOW_FAULT"
+SABOTAGE_ENV = "ONCEFLOW_SABOTAGE"
+SABOTAGES = ("offsets_outside_txn",)
 log = logging.getLogger(__name__)
 
 
@@ -78,3 +87,9 @@ def reload(spec: str | None = None) -> None:
     """Re-read the rules (unit tests)."""
     global _rules
     _rules = _Rules(os.environ.get(ENV, "") if spec is None else spec)
+
+
+def sabotaged(name: str) -> bool:
+    """Whether the deliberately broken behaviour ``name`` (one of ``SABOTAGES``) is switched on."""
+    assert name in SABOTAGES, name
+    return name in os.environ.get(SABOTAGE_ENV, "").split(",")

@@ -16,6 +16,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from onceflow.admin.tls import ClientTLS, channel
+from onceflow.config import repo_root
 
 
 def free_port() -> int:
@@ -138,3 +139,21 @@ class ServiceProcess:
         except FileNotFoundError:
             return "(no log)"
         return "\n".join(text[-lines:])
+
+
+def pipeline_service(
+    name: str, address: str, prefix: str, instance: str, log_dir: Path, log_name: str | None = None, **settings: str
+) -> ServiceProcess:
+    """One of the five services (``onceflow_<name>``) on ``address``, on topic prefix ``prefix``,
+    as ``instance`` (its transactional.id derives from it: a second process with the same
+    instance fences the first). ``settings`` are the service's own, without their
+    ``ONCEFLOW_<NAME>_`` prefix."""
+    upper = f"ONCEFLOW_{name.upper()}_"
+    env = {
+        "ONCEFLOW_TOPIC_PREFIX": prefix,
+        f"{upper}INSTANCE": instance,
+        f"{upper}PORT": address.rsplit(":", 1)[1],
+        f"{upper}METRICS_PORT": "0",
+        **{f"{upper}{key}": value for key, value in settings.items()},
+    }
+    return ServiceProcess(log_name or name, f"onceflow_{name}", env, log_dir, cwd=repo_root())

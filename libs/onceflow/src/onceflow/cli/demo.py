@@ -15,13 +15,11 @@ Exit 0 only if all of it holds."""
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
-import grpc
 import typer
 from rich.console import Console, Group
 from rich.live import Live
@@ -30,18 +28,17 @@ from rich.table import Table
 
 from onceflow.cli.pipeline_view import PipelineView
 from onceflow.codec import decode_envelope
-from onceflow.config import CommonSettings, repo_root
+from onceflow.config import CommonSettings
 from onceflow.infra import stack
 from onceflow.infra.topics import delete_topics, ensure_topics
 from onceflow.kafka import inspect
-from onceflow.process import ServiceProcess, free_port
+from onceflow.process import ServiceProcess, free_port, pipeline_service
 from onceflow.redis_client import connect, delete_prefix
-from onceflow.v1 import sink_pb2, sink_pb2_grpc
-from onceflow.workloads import nexmark
+from onceflow.workloads import auctionbids, nexmark
 from onceflow.workloads.senders import Senders
 
 console = Console()
-JOB = "auctionbids"
+JOB = auctionbids.JOB
 SERVICES = ("acker", "dedup", "compute", "sink", "ingest")  # start order: ingest last, once its downstream serves
 
 
@@ -99,16 +96,8 @@ def demo(
 
 
 def _service(name: str, address: str, prefix: str, max_delay_ms: int, log_dir: Path) -> ServiceProcess:
-    upper = f"ONCEFLOW_{name.upper()}_"
-    env = {
-        "ONCEFLOW_TOPIC_PREFIX": prefix,
-        f"{upper}INSTANCE": "demo",
-        f"{upper}PORT": address.rsplit(":", 1)[1],
-        f"{upper}METRICS_PORT": "0",
-    }
-    if name == "compute":
-        env |= {f"{upper}JOB": JOB, f"{upper}WATERMARK_BOUND_MS": str(max_delay_ms)}
-    return ServiceProcess(name, f"onceflow_{name}", env, log_dir, cwd=repo_root())
+    settings = {"JOB": JOB, "WATERMARK_BOUND_MS": str(max_delay_ms)} if name == "compute" else {}
+    return pipeline_service(name, address, prefix, "demo", log_dir, **settings)
 
 
 def _run(
@@ -158,15 +147,15 @@ def _run(
         if senders.error is not None:
             return _fail(f"a client failed: {senders.error}")
 
-        batch_answer = _batch_answer(arrivals)
-        if batch_answer != _python_answer(arrivals):
+        batch_answer = auctionbids.batch_answer(arrivals)
+        if batch_answer != auctionbids.fold_answer(arrivals):
             return _fail("Spark's batch answer differs from a plain fold of the bids")
         deadline = time.monotonic() + 300
-        rows = _table(addresses["sink"])
+        rows = auctionbids.sink_table(addresses["sink"])
         while rows != batch_answer and time.monotonic() < deadline:
             live.update(Group(progress, view.render()))
             time.sleep(1.0)
-            rows = _table(addresses["sink"])
+            rows = auctionbids.sink_table(addresses["sink"])
         live.update(Group(progress, view.render()))
     view.close()
     return _report(common, senders, arrivals, rows, batch_answer, elapsed, killed)
@@ -232,45 +221,6 @@ def _report(
 
 def _count(n: int) -> str:
     return "[green]0[/]" if n == 0 else f"[red]{n:,}[/]"
-
-
-def _batch_answer(arrivals: list[nexmark.Event]) -> dict[str, dict]:
-    """The job over the generated events as one bounded input (batch mode, Spark)."""
-    from onceflow_compute.batch import run_batch
-
-    with tempfile.TemporaryDirectory(prefix="onceflow-demo-batch-") as tmp:
-        path = Path(tmp) / "events.jsonl"
-        with path.open("wb") as out:
-            for e in arrivals:
-                out.write(e.payload() + b"\n")
-        return run_batch(JOB, path).table
-
-
-def _python_answer(arrivals: list[nexmark.Event]) -> dict[str, dict]:
-    rows: dict[str, dict] = {}
-    for e in arrivals:
-        if e.kind != "bid":
-            continue
-        key, price = str(e.fields["auction"]), e.fields["price"]
-        row = rows.setdefault(key, {"auction": key, "bids": 0, "highest": price, "volume": 0})
-        row["bids"] += 1
-        row["highest"] = max(row["highest"], price)
-        row["volume"] += price
-    return rows
-
-
-def _table(address: str) -> dict[str, dict]:
-    """The job's whole result table as the sink serves it (auction ids are digits: one scan per
-    leading digit keeps each under the Query API's row limit)."""
-    rows: dict[str, dict] = {}
-    with grpc.insecure_channel(address) as channel:
-        query = sink_pb2_grpc.QueryStub(channel)
-        for digit in "0123456789":
-            reply = query.Scan(sink_pb2.ScanRowsRequest(job=JOB, prefix=digit, limit=10_000), timeout=10)
-            if len(reply.rows) == 10_000:
-                raise typer.BadParameter("too many auctions for one scan per digit: use fewer --events")
-            rows |= {row.key: json.loads(row.value) for row in reply.rows}
-    return rows
 
 
 def _fail(message: str) -> bool:

@@ -125,7 +125,24 @@ def read_committed(
 ) -> list[TopicRecord]:
     """Every committed record of ``topic`` (from ``start`` offsets, else the beginning) up to
     each partition's last stable offset."""
-    reader = clients.reader(common)
+    return _read(common, topic, start, timeout_s, on_progress, "read_committed")
+
+
+def read_uncommitted(common: CommonSettings, topic: str, timeout_s: float = 120.0) -> list[TopicRecord]:
+    """Every record of ``topic`` up to the high watermark, aborted transactions' included: what
+    a checker compares the committed read with to find the aborted writes."""
+    return _read(common, topic, None, timeout_s, None, "read_uncommitted")
+
+
+def _read(
+    common: CommonSettings,
+    topic: str,
+    start: Mapping[int, int] | None,
+    timeout_s: float,
+    on_progress: Callable[[int], None] | None,
+    isolation: str,
+) -> list[TopicRecord]:
+    reader = clients.reader(common, **{"isolation.level": isolation})
     records: list[TopicRecord] = []
     try:
         partitions = partitions_of(common, topic)

@@ -280,7 +280,10 @@ class TransactionalLoop:
             if err is None:
                 changelog_offsets[msg.partition()] = max(changelog_offsets.get(msg.partition(), -1), msg.offset())
 
+        sabotaged = bool(records) and faults.sabotaged("offsets_outside_txn")
         producer.begin()
+        if sabotaged:  # the checker's proof that it can fail: never do this
+            consumer.commit(offsets=self._next_offsets(records), asynchronous=False)
         faults.point("before_produce")
         for out in batch.outputs:
             producer.produce(out.topic, out.value, out.key, out.partition, out.headers)
@@ -289,7 +292,7 @@ class TransactionalLoop:
                 for key, value in overlay.changes.items():
                     producer.produce(self.stores.changelog_topic, value, key, partition, on_delivery=track_changelog)
         faults.point("after_produce")
-        if records:
+        if records and not sabotaged:
             producer.send_offsets(self._next_offsets(records), consumer.consumer_group_metadata())
         producer.commit()
         return changelog_offsets

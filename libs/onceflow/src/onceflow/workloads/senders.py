@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Sequence
 
 from onceflow.client import IngestClient
@@ -13,8 +14,11 @@ from onceflow.v1.ingest_pb2 import IngestRecord
 
 
 class Sender(threading.Thread):
-    def __init__(self, address: str, batches: Sequence[Sequence[IngestRecord]], resend_ratio: float, seed: int) -> None:
+    def __init__(
+        self, address: str, batches: Sequence[Sequence[IngestRecord]], resend_ratio: float, seed: int, rate: float = 0.0
+    ) -> None:
         super().__init__(daemon=True)
+        self.rate = rate  # records/s this client offers; 0 = as fast as ingest takes them
         self.client = IngestClient(address)
         self.batches = batches
         self.rng = random.Random(seed)
@@ -24,8 +28,12 @@ class Sender(threading.Thread):
         self.error: BaseException | None = None
 
     def run(self) -> None:
+        started, sent = time.monotonic(), 0
         try:
             for batch in self.batches:
+                if self.rate:
+                    time.sleep(max(0.0, started + sent / self.rate - time.monotonic()))
+                sent += len(batch)
                 self.client.ingest(batch)
                 if self.rng.random() < self.resend_ratio:
                     # The reply was "lost": the client cannot tell, so it sends the same records again.

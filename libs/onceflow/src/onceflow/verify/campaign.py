@@ -1,0 +1,184 @@
+"""One verify campaign: the whole pipeline on a fresh topic prefix, a generated workload pushed
+through ingest by retrying clients, a fault schedule running while they send, then the checker.
+
+The workload is Nexmark (persons, auctions, bids, out of order) and the job is ``auctionbids``, a
+keyed count and sum per auction: every bid must count exactly once in its auction's row in Redis.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from onceflow.config import CommonSettings
+from onceflow.faults import SABOTAGE_ENV, SABOTAGES
+from onceflow.infra import stack
+from onceflow.infra.topics import delete_topics, ensure_topics
+from onceflow.redis_client import connect, delete_prefix
+from onceflow.verify.check import Verdict, check
+from onceflow.verify.schedule import KINDS, FaultSchedule
+from onceflow.verify.supervisor import Supervisor
+from onceflow.workloads import auctionbids, nexmark
+from onceflow.workloads.senders import Senders
+
+log = logging.getLogger(__name__)
+
+# Short, so a paused member leaves the group soon and a zombie's replacement takes over quickly.
+SESSION_TIMEOUT_MS = 6_000
+
+
+@dataclass
+class CampaignOptions:
+    records: int = 0  # 0: rate × duration
+    rate: int = 300  # records/s the clients offer
+    duration_s: float = 120.0  # how long faults are injected (the clients' sending time at ``rate``)
+    faults: tuple[str, ...] = KINDS
+    fault_every_s: float = 10.0
+    resend_ratio: float = 0.05  # share of batches a client sends twice (a lost reply)
+    clients: int = 4
+    batch: int = 100
+    max_delay_ms: int = 2_000
+    seed: int = 1
+    settle_s: float = 300.0  # after the clients finish: how long the sink may take to converge
+    sabotage: str = ""  # one of faults.SABOTAGES: a deliberately broken pipeline (tests of the checker)
+    keep: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.records:
+            self.records = int(self.rate * self.duration_s)
+        if self.records < 1 or self.rate < 1 or self.clients < 1 or self.batch < 1 or self.fault_every_s <= 0:
+            raise ValueError("records, rate, clients, batch and fault-every must be positive")
+        if not 0.0 <= self.resend_ratio <= 1.0:
+            raise ValueError(f"resend ratio must be in [0, 1], got {self.resend_ratio}")
+        unknown = set(self.faults) - set(KINDS)
+        if unknown:
+            raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(KINDS)}")
+        if self.sabotage and self.sabotage not in SABOTAGES:
+            raise ValueError(f"unknown sabotage {self.sabotage!r}; known: {', '.join(SABOTAGES)}")
+
+
+@dataclass
+class Progress:
+    """What the campaign reports while it runs (the CLI renders it)."""
+
+    phase: str = "starting"
+    sent: int = 0
+    total: int = 0
+    notes: list[str] = field(default_factory=list)
+    addresses: dict[str, str] = field(default_factory=dict)
+
+
+def run(options: CampaignOptions, on_progress: Callable[[Progress], None] = lambda _p: None) -> Verdict:
+    progress = Progress(total=options.records)
+
+    def note(text: str) -> None:
+        log.info("verify: %s", text)
+        progress.notes.append(text)
+        on_progress(progress)
+
+    stack.up()
+    prefix = f"verify{int(time.time())}s{options.seed}."
+    common = CommonSettings(topic_prefix=prefix)
+    ensure_topics(common.kafka_bootstrap, prefix=prefix)
+    log_dir = Path(tempfile.mkdtemp(prefix="onceflow-verify-"))
+    note(f"topics {prefix!r}; service logs in {log_dir}")
+    env = {"ONCEFLOW_LOOP_SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_MS)}
+    if options.sabotage:
+        env[SABOTAGE_ENV] = options.sabotage
+        note(f"[red]sabotaged build[/]: {options.sabotage}")
+    supervisor = Supervisor(
+        prefix, log_dir,
+        settings={"compute": {"JOB": auctionbids.JOB, "WATERMARK_BOUND_MS": str(options.max_delay_ms)}},
+        env=env,
+    )
+    try:
+        progress.phase = "starting services"
+        on_progress(progress)
+        supervisor.start_all()
+        return _campaign(options, common, supervisor, progress, note, on_progress)
+    finally:
+        supervisor.stop_all()
+        if not options.keep:
+            delete_topics(common.kafka_bootstrap, prefix=prefix)
+            delete_prefix(connect(common.redis_url), prefix)
+
+
+def _campaign(
+    options: CampaignOptions,
+    common: CommonSettings,
+    supervisor: Supervisor,
+    progress: Progress,
+    note: Callable[[str], None],
+    on_progress: Callable[[Progress], None],
+) -> Verdict:
+    config = nexmark.NexmarkConfig(
+        events=options.records, rate=max(options.rate, 1), max_delay_ms=options.max_delay_ms, seed=options.seed
+    )
+    arrivals = nexmark.arrival_order(config)
+    run_id = f"verify{options.seed}"
+    records = nexmark.ingest_records(arrivals, run_id)
+    expected = {r.record_id.decode() for r in records}
+
+    def refresh() -> None:
+        for name in supervisor.restart_exited():
+            note(f"{name} exited on its own: restarted")
+        progress.addresses = {name: instance.address for name, instance in supervisor.instances.items()}
+        on_progress(progress)
+
+    senders = Senders(
+        supervisor.address("ingest"), records, options.batch, options.clients, options.resend_ratio, options.seed, options.rate
+    )
+    schedule = FaultSchedule(
+        supervisor, options.faults, options.fault_every_s, options.seed, takeover_s=SESSION_TIMEOUT_MS / 1000 + 2, on_fault=note
+    )
+    progress.phase = "sending, with faults"
+    senders.start()
+    schedule.start()
+    while senders.running():
+        progress.sent = senders.acknowledged
+        refresh()
+        time.sleep(0.5)
+    progress.sent = senders.acknowledged
+    schedule.stop()
+    progress.phase = "letting the last fault finish"
+    while schedule.is_alive():
+        refresh()
+        schedule.join(0.5)
+    if senders.error is not None:
+        raise RuntimeError(f"a client gave up: {senders.error}")
+    if schedule.error is not None:
+        raise RuntimeError(f"the fault schedule failed: {schedule.error}")
+    injected = dict(schedule.injected)
+    injected["client_resends"] = len(senders.sent_again)
+    injected["client_transport_retries"] = senders.retries
+    note(f"faults injected: {injected}")
+
+    progress.phase = "computing the batch answer (Spark)"
+    on_progress(progress)
+    batch_rows = auctionbids.batch_answer(arrivals)
+    if batch_rows != auctionbids.fold_answer(arrivals):
+        raise RuntimeError("Spark's batch answer differs from a plain fold of the bids")
+
+    progress.phase = "waiting for the sink to converge"
+    deadline = time.monotonic() + options.settle_s
+    rows: dict[str, dict] = {}
+    while time.monotonic() < deadline:
+        refresh()
+        try:
+            rows = auctionbids.sink_table(supervisor.address("sink"))
+        except Exception as exc:  # noqa: BLE001 - a sink restarting right now
+            log.info("sink not answering yet: %s", exc)
+        if rows == batch_rows:
+            break
+        time.sleep(2.0)
+
+    progress.phase = "checking every topic"
+    on_progress(progress)
+    verdict = check(common, expected, rows, batch_rows, injected)
+    verdict.zombie_exits = [z.exit_code for z in supervisor.zombies]
+    verdict.unexpected_restarts = dict(supervisor.restarts)
+    return verdict

@@ -1,0 +1,174 @@
+"""The checker of a verify campaign, after Kafka's ``transactions_test.py`` and Jepsen's Kafka
+checks. It reads every topic back after the run and says, per record_id and overall:
+
+- **lost**: accepted by ingest (every generated id is: the clients retry until it is), but never
+  through the gate (``dedup.records``, read_committed) and in no dead-letter topic;
+- **duplicated**: through the gate more than once (the gate's output is where exactly-once must
+  already hold; every later hop's effect is checked through the sink's table);
+- **aborted reads**: a committed record that could only have come from an aborted one. A
+  write of an aborted transaction (read_uncommitted minus read_committed, by offset) has ids of
+  its own: an ingest envelope's ``root_id`` (a client's retry gets a new one), each envelope's
+  ``edge_id``. None of them may show up committed downstream: no gate output with an aborted
+  ingest root, no ack (acker.acks, read_committed) of an aborted edge;
+- **hanging transactions**: a partition of any pipeline topic whose last stable offset stays
+  below its high watermark past the transaction timeout;
+- **sink vs batch**: the table the sink serves from Redis equals the same job run by Spark over
+  the generated events as one bounded input;
+- acker trees completed, dead letters and late records, for the accounting.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from onceflow.acks import ACKS_TOPIC, EVENTS_TOPIC
+from onceflow.codec import decode_envelope
+from onceflow.config import CommonSettings
+from onceflow.kafka.inspect import TopicRecord, hanging_transactions, read_committed, read_uncommitted
+from onceflow.v1.acker_pb2 import AckerBatch, AckerMessage, TreeEvent
+from onceflow.v1.envelope_pb2 import DeadLetter, Envelope
+
+DLQ_TOPICS = ("ingest.dlq", "acker.dlq", "dedup.dlq", "compute.dlq", "sink.dlq")
+PIPELINE_TOPICS = (
+    "ingest.records", "acker.acks", "acker.events", "acker.changelog", "dedup.records", "dedup.changelog",
+    "compute.partials", "compute.results", "compute.changelog", "compute.late", *DLQ_TOPICS,
+)
+_SHOWN = 20  # ids listed per problem in the report
+
+
+@dataclass
+class Verdict:
+    records: int
+    distinct: int
+    faults_injected: dict[str, int]
+    lost: int
+    duplicated: int
+    aborted_reads: int
+    hanging_transactions: int
+    sink_matches_batch: bool
+    dlq: int
+    late: int
+    unknown: int = 0
+    aborted_writes: int = 0  # records of aborted transactions in ingest.records and dedup.records
+    dropped_duplicates: int = 0
+    ingest_replays: int = 0
+    trees_completed: int = 0
+    records_without_completed_tree: int = 0
+    sink_rows: int = 0
+    sink_rows_wrong: int = 0
+    zombie_exits: list[int | None] = field(default_factory=list)
+    unexpected_restarts: dict[str, int] = field(default_factory=dict)
+    examples: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.lost == self.duplicated == self.aborted_reads == self.hanging_transactions == self.unknown == 0
+            and self.sink_matches_batch
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "ok": self.ok}
+
+
+@dataclass
+class _Aborted:
+    """The ids of aborted writes of one topic: those no committed write carries."""
+
+    roots: set[int]
+    edges: set[int]
+    count: int
+
+
+def _aborted(committed: list[TopicRecord], everything: list[TopicRecord]) -> _Aborted:
+    kept = {(r.partition, r.offset) for r in committed}
+    aborted = [decode_envelope(r.value) for r in everything if (r.partition, r.offset) not in kept and r.value]
+    live = [decode_envelope(r.value) for r in committed]
+    return _Aborted(
+        roots={e.root_id for e in aborted} - {e.root_id for e in live},
+        edges={e.edge_id for e in aborted} - {e.edge_id for e in live},
+        count=len(aborted),
+    )
+
+
+def _dead_letter_ids(records: Iterable[TopicRecord]) -> list[str]:
+    ids = []
+    for record in records:
+        letter = DeadLetter.FromString(record.value or b"")
+        try:
+            ids.append(Envelope.FromString(letter.original).record_id)
+        except Exception:  # noqa: BLE001 - a sink dead letter holds a result change, not an envelope
+            ids.append("")
+    return ids
+
+
+def check(
+    common: CommonSettings,
+    expected_ids: set[str],
+    sink_rows: dict[str, dict],
+    batch_rows: dict[str, dict],
+    faults_injected: dict[str, int],
+    hanging_wait_s: float = 30.0,
+) -> Verdict:
+    topic = common.topic
+    ingest_committed = read_committed(common, topic("ingest.records"))
+    gate_committed = read_committed(common, topic("dedup.records"))
+    ingest_aborted = _aborted(ingest_committed, read_uncommitted(common, topic("ingest.records")))
+    gate_aborted = _aborted(gate_committed, read_uncommitted(common, topic("dedup.records")))
+
+    passed = [decode_envelope(r.value) for r in gate_committed]
+    through_gate = Counter(e.record_id for e in passed)
+    dead = [rid for name in DLQ_TOPICS for rid in _dead_letter_ids(read_committed(common, topic(name), timeout_s=60))]
+    late = _dead_letter_ids(read_committed(common, topic("compute.late"), timeout_s=60))
+    accounted = set(through_gate) | set(dead)
+    lost = sorted(expected_ids - accounted)
+    duplicated = sorted(rid for rid, n in through_gate.items() if n > 1)
+    unknown = sorted(set(through_gate) - expected_ids)
+
+    # Aborted reads: a gate output of an aborted ingest write, an ack of an aborted edge.
+    aborted_edges = ingest_aborted.edges | gate_aborted.edges
+    read_aborted = [f"dedup.records: {e.record_id} of aborted root {e.root_id}" for e in passed if e.root_id in ingest_aborted.roots]
+    for record in read_committed(common, topic(ACKS_TOPIC)):
+        for message in AckerBatch.FromString(record.value).messages:
+            if message.kind == AckerMessage.ACK and message.xor_value in aborted_edges:
+                read_aborted.append(f"acker.acks: {message.stage} acked the aborted edge {message.xor_value}")
+
+    completed = {
+        event.origin.record_id
+        for event in (TreeEvent.FromString(r.value) for r in read_committed(common, topic(EVENTS_TOPIC)) if r.value)
+        if event.outcome == TreeEvent.COMPLETED
+    }
+    hanging = hanging_transactions(common, [topic(t) for t in PIPELINE_TOPICS], wait_s=hanging_wait_s)
+    wrong = sorted({k for k in batch_rows if sink_rows.get(k) != batch_rows[k]} | (set(sink_rows) - set(batch_rows)))
+    ingested = [decode_envelope(r.value) for r in ingest_committed]
+    return Verdict(
+        records=len(expected_ids),
+        distinct=len(through_gate),
+        faults_injected=dict(faults_injected),
+        lost=len(lost),
+        duplicated=len(duplicated),
+        aborted_reads=len(read_aborted),
+        hanging_transactions=sum(len(p) for p in hanging.values()),
+        sink_matches_batch=not wrong and bool(batch_rows),
+        dlq=len(dead),
+        late=len(late),
+        unknown=len(unknown),
+        aborted_writes=ingest_aborted.count + gate_aborted.count,
+        dropped_duplicates=len(ingested) - len(passed),
+        ingest_replays=sum(e.attempt > 1 for e in ingested),
+        trees_completed=len(completed & expected_ids),
+        records_without_completed_tree=len(expected_ids - completed - set(dead)),
+        sink_rows=len(sink_rows),
+        sink_rows_wrong=len(wrong),
+        examples={
+            name: values[:_SHOWN]
+            for name, values in {
+                "lost": lost, "duplicated": duplicated, "unknown": unknown, "aborted_reads": read_aborted,
+                "sink_rows_wrong": wrong, "hanging": [f"{t}:{p}" for t, ps in hanging.items() for p in ps],
+            }.items()
+            if values
+        },
+    )

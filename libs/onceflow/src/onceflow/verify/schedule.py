@@ -1,0 +1,89 @@
+"""The fault schedule of a verify campaign: every ``every_s`` seconds one fault, of a kind and
+on a service drawn from a seeded RNG. The first faults are one of each enabled kind (so a short
+campaign still injects every kind), the rest are drawn at random.
+
+Kinds: ``kill9`` (a random service, restarted on the spot), ``crash_in_txn`` (a random service
+on the shared loop is restarted armed to kill -9 itself between producing a transaction's outputs
+and committing it, the gap where a broken protocol loses or doubles data), ``zombie`` (a random service but
+ingest: paused, replaced, resumed), ``broker`` (the Kafka broker restarts, gracefully or by
+SIGKILL in turn), ``redis`` (Redis restarts; its AOF keeps the sink's and the gate's data).
+Client retries are not scheduled: the clients re-send a share of their batches all along."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+from onceflow.infra.kafka import KafkaBroker
+from onceflow.infra.redis import RedisServer
+from onceflow.verify.supervisor import SERVICES, ZOMBIE_SERVICES, Supervisor
+
+log = logging.getLogger(__name__)
+
+KINDS = ("kill9", "crash_in_txn", "zombie", "broker", "redis")
+LOOP_SERVICES = ("acker", "dedup", "compute")
+
+
+class FaultSchedule(threading.Thread):
+    def __init__(
+        self,
+        supervisor: Supervisor,
+        kinds: Sequence[str],
+        every_s: float,
+        seed: int,
+        takeover_s: float,
+        on_fault: Callable[[str], None] = lambda _note: None,
+    ) -> None:
+        super().__init__(name="faults", daemon=True)
+        unknown = set(kinds) - set(KINDS)
+        if unknown:
+            raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(KINDS)}")
+        self.supervisor = supervisor
+        self.kinds = list(kinds)
+        self.every_s = every_s
+        self.rng = random.Random(seed)
+        self.takeover_s = takeover_s
+        self.on_fault = on_fault
+        self.injected: Counter[str] = Counter()
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._hard_broker = True  # toggled before each restart: graceful first
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        first = self.rng.sample(self.kinds, len(self.kinds))
+        try:
+            while not self._stop.wait(self.every_s):
+                kind = first.pop(0) if first else self.rng.choice(self.kinds)
+                self.on_fault(self._inject(kind))
+                self.injected[kind] += 1
+        except BaseException as exc:  # noqa: BLE001 - reported by the campaign
+            log.exception("fault schedule failed")
+            self.error = exc
+
+    def _inject(self, kind: str) -> str:
+        started = time.monotonic()
+        if kind == "kill9":
+            name = self.rng.choice(SERVICES)
+            self.supervisor.kill9(name)
+            return f"kill -9 {name}"
+        if kind == "crash_in_txn":
+            name, hit = self.rng.choice(LOOP_SERVICES), self.rng.randint(1, 3)
+            self.supervisor.kill9(name, fault=f"after_produce@{hit}")
+            return f"kill -9 {name}, restarted to crash between produce and commit of its transaction #{hit}"
+        if kind == "zombie":
+            name = self.rng.choice(ZOMBIE_SERVICES)
+            outcome = self.supervisor.zombie(name, self.takeover_s)
+            return f"zombie {name}: replaced, resumed, exited {outcome.exit_code} ({time.monotonic() - started:.0f} s)"
+        if kind == "broker":
+            self._hard_broker = not self._hard_broker
+            KafkaBroker.from_env().restart(hard=self._hard_broker)
+            return f"broker restart ({'SIGKILL' if self._hard_broker else 'graceful'}, {time.monotonic() - started:.0f} s)"
+        RedisServer.from_env().restart()
+        return f"redis restart ({time.monotonic() - started:.0f} s)"
