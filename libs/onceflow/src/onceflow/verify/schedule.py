@@ -50,16 +50,20 @@ class FaultSchedule(threading.Thread):
         self.on_fault = on_fault
         self.injected: Counter[str] = Counter()
         self.error: BaseException | None = None
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self._hard_broker = True  # toggled before each restart: graceful first
 
     def stop(self) -> None:
-        self._stop.set()
+        """Stop once every kind has been injected at least once."""
+        self._halt.set()
 
     def run(self) -> None:
         first = self.rng.sample(self.kinds, len(self.kinds))
         try:
-            while not self._stop.wait(self.every_s):
+            while True:
+                time.sleep(self.every_s)  # faults keep their spacing, after a stop() too
+                if self._halt.is_set() and not first:
+                    return
                 kind = first.pop(0) if first else self.rng.choice(self.kinds)
                 self.on_fault(self._inject(kind))
                 self.injected[kind] += 1

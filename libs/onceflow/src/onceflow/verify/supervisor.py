@@ -35,7 +35,7 @@ class Instance:
 @dataclass
 class ZombieOutcome:
     service: str
-    exit_code: int | None  # None: it outlived the wait and was stopped (it wrote nothing: the checker says)
+    exit_code: int | None  # None: idle after SIGCONT (nothing to write) and stopped; the checker says what it wrote
 
 
 @dataclass
@@ -85,7 +85,7 @@ class Supervisor:
                 self._armed.add(name)
             instance.process.start()
 
-    def zombie(self, name: str, takeover_s: float, timeout_s: float = 180.0) -> ZombieOutcome:
+    def zombie(self, name: str, takeover_s: float, timeout_s: float = 180.0, resume_wait_s: float = 20.0) -> ZombieOutcome:
         """Pause ``name``, let a replacement take over, resume the paused one and wait for it to
         find itself fenced."""
         with self._lock:
@@ -100,9 +100,10 @@ class Supervisor:
         threading.Event().wait(takeover_s)
         old.process.sigcont()
         try:
-            code: int | None = old.process.wait_exit(timeout_s=60.0)
+            # It exits on its next transactional call; one with nothing to write stays idle.
+            code: int | None = old.process.wait_exit(timeout_s=resume_wait_s)
         except AssertionError:
-            log.warning("zombie %s still running 60 s after SIGCONT; stopping it", name)
+            log.info("zombie %s still running %.0f s after SIGCONT (nothing to write); stopping it", name, resume_wait_s)
             old.process.ensure_dead()
             code = None
         outcome = ZombieOutcome(name, code)
@@ -110,8 +111,8 @@ class Supervisor:
         return outcome
 
     def restart_exited(self) -> list[str]:
-        """Start again every service whose current instance exited on its own (a fenced or
-        failed instance exits non-zero and relies on exactly this)."""
+        """Start again every service whose current instance exited (a fenced or failed instance
+        exits non-zero and relies on exactly this); the names of those nobody had told to crash."""
         restarted = []
         with self._lock:
             for name, instance in self.instances.items():
@@ -121,8 +122,8 @@ class Supervisor:
                     else:
                         log.warning("%s exited with %s; restarting it", name, instance.process.proc.returncode)  # type: ignore[union-attr]
                         self.restarts[name] += 1
+                        restarted.append(name)
                     instance.process = self._new(name, instance.address).start()
-                    restarted.append(name)
         return restarted
 
     def wait_all_healthy(self, timeout_s: float = 180.0) -> None:

@@ -48,11 +48,14 @@ class Sender(threading.Thread):
 
 class Senders:
     """``clients`` senders sharing ``records`` in batches (dealt round-robin, so the stream's
-    order is roughly kept)."""
+    order is roughly kept), offering ``rate`` records/s between them (0: as fast as they can)."""
 
-    def __init__(self, address: str, records: Sequence[IngestRecord], batch: int, clients: int, resend_ratio: float, seed: int) -> None:
+    def __init__(
+        self, address: str, records: Sequence[IngestRecord], batch: int, clients: int, resend_ratio: float, seed: int,
+        rate: float = 0.0,
+    ) -> None:
         batches = [records[i : i + batch] for i in range(0, len(records), batch)]
-        self.senders = [Sender(address, batches[i::clients], resend_ratio, seed + i) for i in range(clients)]
+        self.senders = [Sender(address, batches[i::clients], resend_ratio, seed + i, rate / clients) for i in range(clients)]
 
     def start(self) -> None:
         for sender in self.senders:
