@@ -11,9 +11,9 @@ ONCEFLOW := .venv/bin/onceflow
 PROTOS := $(wildcard proto/onceflow/v1/*.proto)
 GEN_STAMP := libs/onceflow/src/onceflow/v1/.generated
 
-.PHONY: setup venv proto kafka-jars redis compose-schema demo test test-fast infra-up infra-down bench clean
+.PHONY: setup venv proto kafka-jars spark-cds redis compose-schema demo test test-fast infra-up infra-down bench soak clean
 
-setup: venv proto kafka-jars redis
+setup: venv proto kafka-jars spark-cds redis
 
 $(UV):
 	python3 -m venv $(TOOLS)/uv-venv
@@ -30,6 +30,11 @@ $(GEN_STAMP): $(PROTOS) proto/generate.sh | $(UV)
 
 kafka-jars: venv
 	$(ONCEFLOW) infra install
+
+# The Spark driver's AppCDS archive in .onceflow/spark (once per pyspark and JVM): workers start
+# about a third sooner (onceflow_compute/spark_cds.py).
+spark-cds: proto
+	@$(PY) -m onceflow_compute.spark_cds
 
 redis:
 	@command -v redis-server >/dev/null || infra/redis/install.sh
@@ -60,6 +65,10 @@ test: setup tilt compose-schema
 
 test-fast: setup tilt compose-schema
 	$(PY) -m pytest -m "not fault"
+
+# The long chaos campaign (docs/verification.md); the suite runs a short one.
+soak: setup
+	$(ONCEFLOW) verify --duration 30m --json > .onceflow/verify-soak.json
 
 bench: setup
 	$(PY) bench/ingest_throughput.py

@@ -108,6 +108,8 @@ def worker(pipe: Pipeline, job: str, instance: str, **env: str) -> ServiceProces
         "ONCEFLOW_COMPUTE_JOB": job, "ONCEFLOW_COMPUTE_INSTANCE": instance, "ONCEFLOW_COMPUTE_PORT": str(free_port()),
         "ONCEFLOW_COMPUTE_METRICS_PORT": "0", "ONCEFLOW_COMPUTE_SPARK_MASTER": "local[1]",
         "ONCEFLOW_COMPUTE_MIN_BATCH_RECORDS": "200", "ONCEFLOW_COMPUTE_MAX_BATCH_RECORDS": "4000",
+        # Workers here live seconds between kills: a JVM tuned for starting, not for peak speed.
+        "ONCEFLOW_COMPUTE_SPARK_JAVA_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
     }
     return pipe.process(f"compute-{job.rsplit('.', 1)[-1]}-{instance}-{len(pipe.processes)}", "onceflow_compute", **(settings | env))
 

@@ -41,8 +41,8 @@ def test_a_build_that_commits_offsets_outside_the_transaction_and_reads_aborted_
     transaction lose the batches a crash aborts; consumers reading uncommitted data ack edges
     of aborted writes."""
     code, verdict = verify(
-        "--sabotage", "offsets_outside_txn,read_uncommitted", "--faults", "crash_in_txn", "--duration", "40s",
-        "--rate", "150", "--fault-every", "5", "--seed", "5", "--settle", "20", timeout_s=600,
+        "--sabotage", "offsets_outside_txn,read_uncommitted", "--faults", "crash_in_txn", "--duration", "30s",
+        "--rate", "150", "--fault-every", "4", "--seed", "5", "--settle", "15", timeout_s=600,
     )
     assert verdict["faults_injected"].get("crash_in_txn", 0) >= 3, verdict["faults_injected"]
     assert code == 1 and not verdict["ok"], verdict

@@ -109,6 +109,7 @@ def spark_engine(
     app_name: str = "onceflow-batch",
 ) -> SparkEngine:
     """A Spark engine configured as the workers' (ONCEFLOW_COMPUTE_SPARK_* unless given)."""
+    from onceflow_compute import spark_cds
     from onceflow_compute.config import ComputeSettings
 
     settings = ComputeSettings()
@@ -117,6 +118,7 @@ def spark_engine(
         shuffle_partitions or settings.spark_shuffle_partitions,
         driver_memory or settings.spark_driver_memory,
         app_name=app_name,
+        java_options=spark_cds.java_options(settings.spark_java_options),
     )
 
 

@@ -33,6 +33,10 @@ class ComputeSettings(BaseSettings):
     spark_master: str = "local[*]"
     spark_shuffle_partitions: int = Field(default=2, ge=1)
     spark_driver_memory: str = "1g"
+    # More JVM options for the Spark driver (the AppCDS archive `make setup` builds is always
+    # used when present). Short-lived workers start faster with "-XX:TieredStopAtLevel=1
+    # -XX:+UseSerialGC" (the fault tests use it); long-lived ones run faster without.
+    spark_java_options: str = ""
     # The map hop's micro-batch: adaptive between these bounds (Spark costs ~0.1-0.2 s per
     # job in local mode, so big batches amortise it under load; small ones keep latency low).
     min_batch_records: int = Field(default=500, ge=1)

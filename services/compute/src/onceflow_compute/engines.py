@@ -58,7 +58,7 @@ class SparkEngine:
 
     name = "spark"
 
-    def __init__(self, master: str, shuffle_partitions: int, driver_memory: str, app_name: str) -> None:
+    def __init__(self, master: str, shuffle_partitions: int, driver_memory: str, app_name: str, java_options: str = "") -> None:
         from pyspark.sql import SparkSession
 
         # The Python the workers run must be ours (the job's imports live in this venv).
@@ -71,6 +71,8 @@ class SparkEngine:
             .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
             .config("spark.default.parallelism", str(shuffle_partitions))
             .config("spark.driver.memory", driver_memory)
+            # The driver JVM starts with the session (client mode), so this reaches it.
+            .config("spark.driver.extraJavaOptions", java_options)
             .config("spark.sql.execution.arrow.pyspark.enabled", "true")
             .config("spark.sql.session.timeZone", "UTC")
             # A micro-batch is a few MB. Under this threshold (48 MB by default) Arrow input

@@ -14,7 +14,7 @@ from onceflow.runner import run_loop_service
 from onceflow.txn import TransactionalLoop
 from onceflow.v1 import compute_pb2, compute_pb2_grpc
 
-from onceflow_compute import jobs, stats
+from onceflow_compute import jobs, spark_cds, stats
 from onceflow_compute.admin import ComputeAdminServicer
 from onceflow_compute.api import Aggregation, Join, Transform
 from onceflow_compute.config import ComputeSettings, EngineName
@@ -36,6 +36,7 @@ def make_engine(settings: ComputeSettings, job_name: str) -> Engine:
         settings.spark_shuffle_partitions,
         settings.spark_driver_memory,
         app_name=f"onceflow-compute-{job_name}-{settings.instance}",
+        java_options=spark_cds.java_options(settings.spark_java_options),
     )
 
 
