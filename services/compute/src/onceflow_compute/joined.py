@@ -16,67 +16,31 @@ from __future__ import annotations
 import json
 import logging
 
-from onceflow.state.stores import PartitionStores
 from onceflow.txn.batch import Batch
 from onceflow.v1.compute_pb2 import JoinRow, PartialAggregate
 from onceflow.v1.results_pb2 import ResultChange
 
 from onceflow_compute import stats
-from onceflow_compute.api import Join, encode_json
+from onceflow_compute.api import Join
 from onceflow_compute.dataflow.joins import JoinChange, StreamJoin
+from onceflow_compute.event_merge import KeyedEventTimeMerge
 from onceflow_compute.stages import result_change, state_key
-from onceflow_compute.windowed import SourceWatermarks
 
 log = logging.getLogger(__name__)
 
 OPS = {"+": ResultChange.UPSERT, "-": ResultChange.RETRACT}
 
 
-class JoinMergeStage:
-    name = "compute-merge"
-
+class JoinMergeStage(KeyedEventTimeMerge[StreamJoin]):
     def __init__(self, job: Join, results_topic: str, counts: stats.JobCounts) -> None:
-        self.job = job
-        self._results_topic = results_topic
-        self.counts = counts
-        # The merge loop's stores, set once the loop exists (the loop restores them on assign).
-        self.stores: PartitionStores | None = None
-        self._joins: dict[int, StreamJoin] = {}
-        self.sources = SourceWatermarks(job.name)
-        self._key_prefix = f"{job.name}\x00".encode()
+        super().__init__(job, results_topic, counts)
+        self.job: Join = job
 
-    # -- state ---------------------------------------------------------------------------
-
-    def on_assign(self, partitions: list[int]) -> None:
-        for partition in partitions:
-            self._load(partition)
-
-    def on_revoke(self, partitions: list[int]) -> None:
-        for partition in partitions:
-            self._joins.pop(partition, None)
-            self.sources.forget(partition)
-
-    def on_rollback(self) -> None:
-        for partition in list(self._joins):
-            self._load(partition)
-
-    def _load(self, partition: int) -> None:
-        assert self.stores is not None
-        join = StreamJoin(self.job.how, self.job.retention_ms)
-        self.sources.forget(partition)
-        for key, value in self.stores[partition].items():
-            if key.startswith(self._key_prefix):
-                join.restore(key[len(self._key_prefix) :].decode(), json.loads(value))
-            else:
-                self.sources.restore(partition, key, value)
-        join.changed_keys.clear()
-        self._joins[partition] = join
-
-    def watermarks(self) -> dict[int, int | None]:
-        return {p: self.sources.watermark(p) for p in sorted(self._joins)}
+    def _new_state(self) -> StreamJoin:
+        return StreamJoin(self.job.how, self.job.retention_ms)
 
     def rows_in_state(self) -> int:
-        return sum(join.rows_in_state() for join in self._joins.values())
+        return sum(join.rows_in_state() for join in self._states.values())
 
     # -- a batch -------------------------------------------------------------------------
 
@@ -97,7 +61,7 @@ class JoinMergeStage:
             except Exception as exc:  # noqa: BLE001 - one bad record must not stop the stream
                 batch.dead_letter(record, exc)
                 continue
-            join = self._joins[partition]
+            join = self._states[partition]
             add = join.add_left if side == JoinRow.LEFT else join.add_right
             for change in add(partial.key, row, partial.join_row.event_time_ms):
                 self._emit(batch, partial.key, change)
@@ -123,24 +87,7 @@ class JoinMergeStage:
         batch.emit(self._results_topic, value, key=state_key(self.job.name, join_key))
 
     def _persist(self, batch: Batch, partition: int, reported: set[int]) -> None:
-        join = self._joins[partition]
         watermark = self.sources.watermark(partition)
         if watermark is not None:
-            join.expire(watermark)
-        state = batch.state(partition)
-        for key in join.changed_keys:
-            snapshot = join.snapshot(key)
-            skey = state_key(self.job.name, key)
-            if snapshot is None:
-                state.delete(skey)
-            else:
-                state.put(skey, encode_json(snapshot))
-        join.changed_keys.clear()
-        self.sources.persist(state, partition, reported)
-
-    def _count_after_commit(self, batch: Batch, changes: int) -> None:
-        def count() -> None:
-            self.counts.results += changes
-            stats.RESULTS.labels(self.job.name).inc(changes)
-
-        batch.after_commit.append(count)
+            self._states[partition].expire(watermark)
+        super()._persist(batch, partition, reported)

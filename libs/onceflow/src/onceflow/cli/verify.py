@@ -1,6 +1,7 @@
 """`onceflow verify`: run the whole pipeline through a fault campaign and check that every
 record took effect exactly once. Exit 0 only if nothing was lost or duplicated, no aborted write
-was read, no transaction hangs, and the sink's table equals the batch answer."""
+was read, no transaction hangs, and the sink's table equals the batch answer; 1 if the checker
+found a violation; 2 if the campaign could not run to the end (no verdict)."""
 
 from __future__ import annotations
 
@@ -82,7 +83,11 @@ def verify(
             printed = len(progress.notes)
             live.update(render(progress))
 
-        verdict = campaign.run(options, on_progress=update)
+        try:
+            verdict = campaign.run(options, on_progress=update)
+        except RuntimeError as exc:  # the run itself broke (a client gave up, a fault failed): no verdict
+            console.print(f"[red]FAILED[/]: {exc}")
+            raise typer.Exit(2) from None
     if view is not None:
         view.close()
     _report(console, verdict)
