@@ -90,8 +90,12 @@ def reload(spec: str | None = None) -> None:
     _rules = _Rules(os.environ.get(ENV, "") if spec is None else spec)
 
 
+# Read once, like the fault rules: the loop asks on every batch.
+_sabotages = frozenset(os.environ.get(SABOTAGE_ENV, "").split(","))
+
+
 def sabotaged(name: str) -> bool:
     """Whether the deliberately broken behaviour ``name`` (one of ``SABOTAGES``) is switched on
     (a comma-separated list in ``ONCEFLOW_SABOTAGE``)."""
     assert name in SABOTAGES, name
-    return name in os.environ.get(SABOTAGE_ENV, "").split(",")
+    return name in _sabotages

@@ -13,7 +13,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from onceflow.state.overlay import StateTransaction
 from onceflow.state.stores import PartitionStores
 from onceflow.txn.batch import Batch
-from onceflow.v1.compute_pb2 import SourceWatermark
+from onceflow.v1.compute_pb2 import PartialAggregate, SourceWatermark
 
 from onceflow_compute import stats
 from onceflow_compute.api import encode_json
@@ -94,6 +94,19 @@ class KeyedEventTimeMerge(Generic[S]):
     def _loaded(self, partition: int, state: S) -> None:
         """Called once a partition's state is restored."""
 
+    def _take(self, partition: int, partial: PartialAggregate) -> Any:
+        """Check one record's partial (and, if that cannot fail half-way, apply it). Raising
+        dead-letters the record."""
+        raise NotImplementedError
+
+    def _apply(self, batch: Batch, partition: int, partial: PartialAggregate, taken: Any) -> int:
+        """Apply what :meth:`_take` returned; the result changes emitted."""
+        return 0
+
+    def _after_batch(self, batch: Batch, partition: int, reported: set[int]) -> int:
+        """Once per partition the batch touched; the result changes emitted."""
+        raise NotImplementedError
+
     # -- state ---------------------------------------------------------------------------
 
     def on_assign(self, partitions: list[int]) -> None:
@@ -124,6 +137,30 @@ class KeyedEventTimeMerge(Generic[S]):
 
     def watermarks(self) -> dict[int, int | None]:
         return {p: self.sources.watermark(p) for p in sorted(self._states)}
+
+    # -- a batch -------------------------------------------------------------------------
+
+    def process(self, batch: Batch) -> None:
+        touched: dict[int, set[int]] = {}
+        changes = 0
+        for record in batch.records:
+            partition = record.partition()
+            reported = touched.setdefault(partition, set())
+            try:
+                partial = PartialAggregate.FromString(record.value() or b"")
+                if partial.job != self.job.name:
+                    continue  # another job's record
+                if partial.HasField("watermark"):
+                    self.sources.note(partition, partial.watermark, reported)
+                    continue
+                taken = self._take(partition, partial)
+            except Exception as exc:  # noqa: BLE001 - one bad record must not stop the stream
+                batch.dead_letter(record, exc)
+                continue
+            changes += self._apply(batch, partition, partial, taken)
+        for partition, reported in touched.items():
+            changes += self._after_batch(batch, partition, reported)
+        self._count_after_commit(batch, changes)
 
     # -- after a batch -------------------------------------------------------------------
 

@@ -44,39 +44,22 @@ class JoinMergeStage(KeyedEventTimeMerge[StreamJoin]):
 
     # -- a batch -------------------------------------------------------------------------
 
-    def process(self, batch: Batch) -> None:
-        touched: dict[int, set[int]] = {}
-        changes = 0
-        for record in batch.records:
-            partition = record.partition()
-            reported = touched.setdefault(partition, set())
-            try:
-                partial = PartialAggregate.FromString(record.value() or b"")
-                if partial.job != self.job.name:
-                    continue  # another job's record
-                if partial.HasField("watermark"):
-                    self.sources.note(partition, partial.watermark, reported)
-                    continue
-                row, side = self._decode(partial)
-            except Exception as exc:  # noqa: BLE001 - one bad record must not stop the stream
-                batch.dead_letter(record, exc)
-                continue
-            join = self._states[partition]
-            add = join.add_left if side == JoinRow.LEFT else join.add_right
-            for change in add(partial.key, row, partial.join_row.event_time_ms):
-                self._emit(batch, partial.key, change)
-                changes += 1
-        for partition, reported in touched.items():
-            self._persist(batch, partition, reported)
-        self._count_after_commit(batch, changes)
-
-    def _decode(self, partial: PartialAggregate) -> tuple[dict, int]:
+    def _take(self, partition: int, partial: PartialAggregate) -> tuple[dict, int]:
         if not partial.HasField("join_row") or partial.join_row.side not in (JoinRow.LEFT, JoinRow.RIGHT):
             raise ValueError(f"record for join key {partial.key!r} carries no join row")
         row = json.loads(partial.join_row.row)
         if not isinstance(row, dict):
             raise ValueError(f"join row for {partial.key!r} is not a JSON object: {row!r}")
         return row, partial.join_row.side
+
+    def _apply(self, batch: Batch, partition: int, partial: PartialAggregate, taken: tuple[dict, int]) -> int:
+        row, side = taken
+        join = self._states[partition]
+        add = join.add_left if side == JoinRow.LEFT else join.add_right
+        changes = add(partial.key, row, partial.join_row.event_time_ms)
+        for change in changes:
+            self._emit(batch, partial.key, change)
+        return len(changes)
 
     def _emit(self, batch: Batch, join_key: str, change: JoinChange) -> None:
         window = self.job.window_of_key(join_key)
@@ -86,8 +69,10 @@ class JoinMergeStage(KeyedEventTimeMerge[StreamJoin]):
         # Keyed by join key: a key's changes stay in order on one results partition.
         batch.emit(self._results_topic, value, key=state_key(self.job.name, join_key))
 
-    def _persist(self, batch: Batch, partition: int, reported: set[int]) -> None:
+    def _after_batch(self, batch: Batch, partition: int, reported: set[int]) -> int:
+        """Drop the windows the watermark has closed, then persist the changed keys."""
         watermark = self.sources.watermark(partition)
         if watermark is not None:
             self._states[partition].expire(watermark)
-        super()._persist(batch, partition, reported)
+        self._persist(batch, partition, reported)
+        return 0

@@ -57,37 +57,15 @@ class WindowedMergeStage(KeyedEventTimeMerge[WindowedAggregation]):
     def _loaded(self, partition: int, engine: WindowedAggregation) -> None:
         engine.advance_watermark(self.sources.watermark(partition))
 
-    # -- a batch -------------------------------------------------------------------------
-
-    def process(self, batch: Batch) -> None:
-        touched: dict[int, set[int]] = {}
-        for record in batch.records:
-            partition = record.partition()
-            reported = touched.setdefault(partition, set())
-            try:
-                partial = PartialAggregate.FromString(record.value() or b"")
-                if partial.job != self.job.name:
-                    continue  # another job's partial
-                if partial.HasField("watermark"):
-                    self.sources.note(partition, partial.watermark, reported)
-                else:
-                    self._add(partition, partial)
-            except Exception as exc:  # noqa: BLE001 - one bad partial must not stop the stream
-                batch.dead_letter(record, exc)
-        changes = 0
-        for partition, reported in touched.items():
-            changes += self._fire(batch, partition, reported)
-        self._count_after_commit(batch, changes)
-
     def punctuate(self, batch: Batch) -> None:
         """Processing time passes while no partials arrive: early panes still fire every
         ``early_every_ms`` (the shared loop calls this every ``ONCEFLOW_LOOP_PUNCTUATE_MS``)."""
         if self.job.trigger.early_every_ms is None:
             return  # only early firings are due by processing time
-        changes = sum(self._fire(batch, partition, set()) for partition in list(self._states))
+        changes = sum(self._after_batch(batch, partition, set()) for partition in list(self._states))
         self._count_after_commit(batch, changes)
 
-    def _add(self, partition: int, partial: PartialAggregate) -> None:
+    def _take(self, partition: int, partial: PartialAggregate) -> None:
         values = json.loads(partial.partials)
         if not isinstance(values, list) or len(values) != len(self.job.aggregates):
             raise ValueError(f"partials of {partial.key!r}: expected {len(self.job.aggregates)} values, got {values!r}")
@@ -98,7 +76,8 @@ class WindowedMergeStage(KeyedEventTimeMerge[WindowedAggregation]):
             # cannot be ahead of that, so this only happens if the windows changed underneath.
             log.warning("%s: partial for %r at %d arrived after its windows expired", self.name, partial.key, partial.bucket_ms)
 
-    def _fire(self, batch: Batch, partition: int, reported: set[int]) -> int:
+    def _after_batch(self, batch: Batch, partition: int, reported: set[int]) -> int:
+        """Fire what is due, then persist the changed panes."""
         engine = self._states[partition]
         engine.advance_watermark(self.sources.watermark(partition))
         changes = 0
