@@ -7,6 +7,7 @@ A service's own settings use ``ONCEFLOW_<SERVICE>_`` and embed the common ones.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -40,6 +41,11 @@ class CommonSettings(BaseSettings):
     tls_key_file: str = ""
     tls_client_ca_file: str = ""
     log_level: str = "INFO"
+    # exactly_once: every hop commits offsets, state and outputs in one Kafka transaction.
+    # at_least_once: the same pipeline without transactions (outputs flushed, then offsets
+    # committed): a crash re-sends a batch. It exists to measure what exactly-once costs
+    # (onceflow bench); never run production on it (docs/decisions/0010).
+    processing_guarantee: Literal["exactly_once", "at_least_once"] = "exactly_once"
 
     @model_validator(mode="after")
     def _tls_is_complete(self) -> CommonSettings:

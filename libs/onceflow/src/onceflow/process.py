@@ -30,10 +30,12 @@ class ServiceProcess:
     def __init__(
         self, name: str, module: str, env: Mapping[str, str], log_dir: Path, cwd: Path | None = None,
         args: Sequence[str] = (),
+        python: str = sys.executable,
     ) -> None:
         self.name = name
         self.module = module
         self.args = list(args)
+        self.python = python  # another venv's, for a peer whose pins clash with ours (onceflow bench)
         self.env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
         self.log_path = log_dir / f"{name}.log"
         self.cwd = cwd
@@ -47,7 +49,7 @@ class ServiceProcess:
         log.write(f"\n===== start #{self.starts} =====\n".encode())
         log.flush()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", self.module, *self.args], env=env, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT,
+            [self.python, "-m", self.module, *self.args], env=env, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         log.close()

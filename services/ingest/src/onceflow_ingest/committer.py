@@ -14,7 +14,7 @@ from confluent_kafka import KafkaException
 from onceflow import acks, faults, metrics
 from onceflow.config import CommonSettings
 from onceflow.txn.errors import FencedError, IndefiniteOutcome
-from onceflow.txn.producer import TransactionalProducer
+from onceflow.txn.producer import TransactionalProducer, open_producer
 from onceflow.v1.acker_pb2 import RecordRef
 
 from onceflow_ingest.trees import InFlightTrees, Waiter
@@ -98,7 +98,7 @@ class GroupCommitter:
         self.died = threading.Event()
         self._last_fence = float("-inf")
         self.stats = CommitterStats()
-        self._producer = TransactionalProducer(common, transactional_id, call_timeout_s, stop=self._closing)
+        self._producer = open_producer(common, transactional_id, call_timeout_s, stop=self._closing)
         self._thread = threading.Thread(target=self._run, name="ingest-committer", daemon=True)
 
     @property

@@ -29,7 +29,7 @@ from onceflow.kafka import clients
 from onceflow.kafka.inspect import wait_partition_count
 from onceflow.txn.errors import FencedError, IndefiniteOutcome
 from onceflow.txn.loop import EXIT_FENCED, EXIT_OK
-from onceflow.txn.producer import TransactionalProducer
+from onceflow.txn.producer import TransactionalProducer, open_producer
 from onceflow.v1.envelope_pb2 import DeadLetter
 from onceflow.v1.results_pb2 import ResultChange
 
@@ -91,7 +91,7 @@ class SinkWorker:
 
     def run(self) -> int:
         try:
-            self._producer = TransactionalProducer(self._common, self._transactional_id, stop=self._stop)
+            self._producer = open_producer(self._common, self._transactional_id, stop=self._stop)
             if self._acking:
                 self._ack_partitions = wait_partition_count(self._common, self._acks_topic, self._stop) or 1
             self._consumer = clients.consumer(
@@ -224,7 +224,7 @@ class SinkWorker:
                     failed_at_ms=now_ms(),
                 )
                 producer.produce(self._dlq, letter.SerializeToString(), key=record.key())
-            producer.send_offsets([TopicPartition(self.topic, partition, last + 1)], consumer.consumer_group_metadata())
+            producer.send_offsets([TopicPartition(self.topic, partition, last + 1)], consumer)
             producer.commit()
             self._count_transaction("committed")
         except IndefiniteOutcome as exc:
@@ -257,7 +257,7 @@ class SinkWorker:
             producer.begin()
             for ack_partition, value in buffer.seal():
                 producer.produce(self._acks_topic, value, partition=ack_partition)
-            producer.send_offsets([TopicPartition(self.topic, partition, last + 1)], consumer.consumer_group_metadata())
+            producer.send_offsets([TopicPartition(self.topic, partition, last + 1)], consumer)
             producer.commit()
             self._count_transaction("committed")
         except (IndefiniteOutcome, KafkaException) as exc:

@@ -1,5 +1,6 @@
 """Client factories. Every consumer is read_committed with auto-commit off; every producer
-that writes onceflow topics is transactional (hence idempotent)."""
+that writes onceflow topics is transactional (hence idempotent), except in the at-least-once
+mode that only exists to be measured against."""
 
 from __future__ import annotations
 
@@ -56,6 +57,21 @@ def transactional_producer(common: CommonSettings, transactional_id: str, **over
         "bootstrap.servers": common.kafka_bootstrap,
         "transactional.id": transactional_id,
         "transaction.timeout.ms": common.transaction_timeout_ms,
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": 5,
+        "error_cb": _log_error,
+        **_RECOVERY,
+    }
+    config.update(overrides)
+    return Producer(config)
+
+
+def idempotent_producer(common: CommonSettings, **overrides: Any) -> Producer:
+    """No transactions (the at-least-once mode): idempotence still keeps a retried send from
+    writing twice, so what differs from exactly-once is only the transaction."""
+    config: dict[str, Any] = {
+        "bootstrap.servers": common.kafka_bootstrap,
         "enable.idempotence": True,
         "acks": "all",
         "linger.ms": 5,

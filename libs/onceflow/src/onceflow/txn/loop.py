@@ -29,7 +29,7 @@ from onceflow.state.store import KeyValueStore, MemoryStore
 from onceflow.state.stores import PartitionStores
 from onceflow.txn.batch import Batch, Stage
 from onceflow.txn.errors import FencedError, IndefiniteOutcome
-from onceflow.txn.producer import TransactionalProducer
+from onceflow.txn.producer import TransactionalProducer, open_producer
 
 log = logging.getLogger(__name__)
 
@@ -134,9 +134,7 @@ class TransactionalLoop:
 
     def run(self) -> int:
         try:
-            self._producer = TransactionalProducer(
-                self._common, self.transactional_id, self._settings.commit_timeout_s, stop=self._stop
-            )
+            self._producer = open_producer(self._common, self.transactional_id, self._settings.commit_timeout_s, self._stop)
         except FencedError as exc:
             log.error("%s: cannot start: %s", self.stage.name, exc)
             return EXIT_FENCED
@@ -295,7 +293,7 @@ class TransactionalLoop:
                     producer.produce(self.stores.changelog_topic, value, key, partition, on_delivery=track_changelog)
         faults.point("after_produce")
         if records and not sabotaged:
-            producer.send_offsets(self._next_offsets(records), consumer.consumer_group_metadata())
+            producer.send_offsets(self._next_offsets(records), consumer)
         producer.commit()
         return changelog_offsets
 

@@ -1,7 +1,9 @@
 """A transactional producer that speaks in the three error classes.
 
 Every service that writes onceflow topics goes through this class, so what "retriable",
-"abortable", "fenced" and "indefinite" mean is decided once.
+"abortable", "fenced" and "indefinite" mean is decided once. ``open_producer`` picks it, or its
+at-least-once twin when ``ONCEFLOW_PROCESSING_GUARANTEE=at_least_once`` (the mode ``onceflow
+bench`` compares exactly-once against).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from onceflow.config import CommonSettings
 from onceflow.kafka import clients
@@ -106,8 +108,11 @@ class TransactionalProducer:
     def abortable(reason: str) -> KafkaException:
         return KafkaException(KafkaError(KafkaError._MSG_TIMED_OUT, reason, txn_requires_abort=True))
 
-    def send_offsets(self, offsets: list[TopicPartition], group_metadata: Any) -> None:
-        self._call(lambda: self._producer.send_offsets_to_transaction(offsets, group_metadata, self._timeout), retry=True)
+    def send_offsets(self, offsets: list[TopicPartition], consumer: Consumer) -> None:
+        """The consumer's next positions, committed with the transaction (KIP-447: the group
+        metadata fences a zombie that lost the partitions)."""
+        metadata = consumer.consumer_group_metadata()
+        self._call(lambda: self._producer.send_offsets_to_transaction(offsets, metadata, self._timeout), retry=True)
 
     def commit(self) -> None:
         self._call(lambda: self._producer.commit_transaction(self._timeout), retry=True, indefinite_on_retriable=True)
@@ -141,3 +146,34 @@ class TransactionalProducer:
                     raise IndefiniteOutcome(str(exc)) from exc
                 raise
         raise AssertionError("unreachable")
+
+
+class AtLeastOnceProducer(TransactionalProducer):
+    """The same calls without a transaction: outputs are flushed before the consumer's offsets
+    are committed, so a crash re-delivers a batch (duplicates downstream) but never skips one.
+    Nothing is fenced and nothing can be aborted: an "aborted" batch is simply processed again."""
+
+    def _init(self) -> Producer:
+        return clients.idempotent_producer(self._common, **self._overrides)
+
+    def begin(self) -> None:
+        pass
+
+    def send_offsets(self, offsets: list[TopicPartition], consumer: Consumer) -> None:
+        self.flush()
+        # Asynchronous, as Kafka Streams' at-least-once commits: a lost commit only re-delivers.
+        consumer.commit(offsets=offsets, asynchronous=True)
+
+    def commit(self) -> None:
+        self.flush()
+
+    def abort(self) -> None:
+        pass
+
+
+def open_producer(
+    common: CommonSettings, transactional_id: str, call_timeout_s: float = 30.0, stop: threading.Event | None = None
+) -> TransactionalProducer:
+    """The producer for ``common.processing_guarantee``."""
+    kind = AtLeastOnceProducer if common.processing_guarantee == "at_least_once" else TransactionalProducer
+    return kind(common, transactional_id, call_timeout_s, stop=stop)

@@ -1,0 +1,58 @@
+"""Every tree decision on ``acker.events``, as it commits: when a record's tree completes, its
+effect has been applied in the sink (the sink acks the last edges after its Redis write), so a
+COMPLETED event's latency is ingest -> applied in the sink, plus the ack's own trip."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+from onceflow.config import CommonSettings
+from onceflow.kafka import clients
+from onceflow.kafka.inspect import partitions_of
+from onceflow.v1.acker_pb2 import TreeEvent
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    latency_ms: int  # INIT (sent by ingest as it commits the record) -> decision
+    decided_at_ms: int
+
+
+class TreeLog(threading.Thread):
+    def __init__(self, common: CommonSettings) -> None:
+        super().__init__(name="bench-tree-log", daemon=True)
+        self._common = common
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._completed: dict[str, Completion] = {}
+        self.failed = 0
+
+    def run(self) -> None:
+        topic = self._common.topic("acker.events")
+        reader = clients.reader(self._common, **{"enable.partition.eof": False})
+        reader.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions_of(self._common, topic)])
+        try:
+            while not self._stopping.is_set():
+                for message in reader.consume(10_000, 0.2):
+                    if message.error() is not None:
+                        continue
+                    event = TreeEvent.FromString(message.value())
+                    if event.outcome != TreeEvent.COMPLETED:
+                        self.failed += 1
+                        continue
+                    with self._lock:
+                        # The first decision counts (at-least-once mode may repeat one).
+                        self._completed.setdefault(event.origin.record_id, Completion(event.latency_ms, event.decided_at_ms))
+        finally:
+            reader.close()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.join(10)
+
+    def completions(self, id_prefix: str) -> list[Completion]:
+        with self._lock:
+            return [c for record_id, c in self._completed.items() if record_id.startswith(id_prefix)]

@@ -1,0 +1,63 @@
+"""How far a consumer group has committed: the one progress measure every contender of ``onceflow
+bench`` is timed by, whether it is a onceflow service, the copier or a Quix Streams app."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from confluent_kafka import TopicPartition
+
+from onceflow.config import CommonSettings
+from onceflow.kafka import clients
+from onceflow.kafka.inspect import partitions_of
+
+
+class GroupWatch:
+    def __init__(self, common: CommonSettings, group: str, topic: str) -> None:
+        # Never subscribes: it only asks the group coordinator, it does not join the group.
+        self._consumer = clients.consumer(common, group)
+        self._partitions = [TopicPartition(topic, p) for p in partitions_of(common, topic)]
+
+    def committed(self) -> int:
+        """Records committed over every partition (offsets, so on a topic without transaction
+        markers: records consumed)."""
+        return sum(max(tp.offset, 0) for tp in self._consumer.committed(self._partitions, timeout=10))
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+@dataclass(frozen=True)
+class BacklogRun:
+    records: int  # committed between the first commit and the end
+    seconds: float
+
+    @property
+    def records_per_s(self) -> float:
+        return self.records / max(self.seconds, 1e-9)
+
+
+def time_backlog(
+    watch: GroupWatch, total: int, alive: Callable[[], bool], finished: Callable[[], bool] = lambda: True,
+    timeout_s: float = 600.0, on_progress: Callable[[int], None] = lambda _n: None,
+) -> BacklogRun:
+    """From the group's first commit until it has committed all ``total`` records and
+    ``finished()`` holds: startup and the group join are not counted, for anyone."""
+    first: tuple[float, int] | None = None
+    deadline = time.monotonic() + timeout_s
+    while True:
+        now, done = time.monotonic(), watch.committed()
+        on_progress(done)
+        if done and first is None:
+            first = (now, done)
+        if done >= total and finished():
+            break
+        if not alive():
+            raise RuntimeError(f"the process under test exited at {done:,} of {total:,} records")
+        if now > deadline:
+            raise TimeoutError(f"{done:,} of {total:,} records committed after {timeout_s:.0f} s")
+        time.sleep(0.05)
+    assert first is not None
+    return BacklogRun(total - first[1], now - first[0])

@@ -1,0 +1,51 @@
+"""The processing-guarantee switch of the shared loop (what ``onceflow bench`` compares).
+
+at_least_once must really drop the transactions (otherwise the bench's ratio measures nothing)
+and must still lose nothing through a kill -9; exactly_once must keep its transactions. A topic
+written in transactions holds a commit marker per transaction per partition, so its high
+watermark exceeds its record count; a topic written without them does not."""
+
+from __future__ import annotations
+
+import pytest
+
+from onceflow.kafka.inspect import end_offsets
+from tests.conftest import Pipeline, eventually
+from tests.harness import checker
+from tests.harness.workload import items, produce_envelopes
+
+pytestmark = [pytest.mark.verify, pytest.mark.integration]
+
+WORKER = "tests.harness.workers.keyed_counter"
+
+
+def _outputs(pipe: Pipeline) -> list[checker.TopicRecord]:
+    return checker.read_committed(pipe.common, pipe.topic("dedup.records"))
+
+
+def _markers(pipe: Pipeline, records: int) -> int:
+    return sum(high for _lso, high in end_offsets(pipe.common, pipe.topic("dedup.records")).values()) - records
+
+
+@pytest.mark.parametrize("guarantee", ["exactly_once", "at_least_once"])
+def test_the_guarantee_switch_decides_whether_hops_use_transactions(pipeline: Pipeline, guarantee: str) -> None:
+    inputs = items(f"mode-{guarantee}", 2000)
+    produce_envelopes(pipeline.common, pipeline.topic("ingest.records"), inputs)
+    worker = pipeline.process(
+        "counter", WORKER, COUNTER_INSTANCE="a", ONCEFLOW_PROCESSING_GUARANTEE=guarantee, ONCEFLOW_LOOP_MAX_BATCH_RECORDS="200",
+        # at_least_once: a crash after the outputs were produced, before their offsets were committed
+        ONCEFLOW_FAULT="after_produce@4" if guarantee == "at_least_once" else "",
+    ).start()
+    if guarantee == "at_least_once":
+        assert worker.wait_exit(90) == -9, worker.log_tail()
+        worker.start({"ONCEFLOW_FAULT": ""})
+    eventually(lambda: len({checker.record_id(r) for r in _outputs(pipeline)}) >= len(inputs), 120, "every input processed")
+    assert worker.terminate() == 0, worker.log_tail()
+    outputs, ids = _outputs(pipeline), [i.record_id for i in inputs]
+    if guarantee == "exactly_once":
+        checker.DeliveryReport.of(outputs, ids).assert_exactly_once()
+        assert _markers(pipeline, len(outputs)) > 0, "exactly_once wrote no transaction markers"
+    else:
+        # The crash may re-deliver any batch since the last offset commit: duplicates are allowed.
+        checker.DeliveryReport.of(outputs, ids, allowed_duplicates=ids).assert_at_least_once()
+        assert _markers(pipeline, len(outputs)) == 0, "at_least_once still wrote in transactions"
