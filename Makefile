@@ -70,7 +70,10 @@ test-fast: setup tilt compose-schema
 soak: setup
 	$(ONCEFLOW) verify --duration 30m --json > .onceflow/verify-soak.json
 
+# `onceflow bench` first: the pipeline in both guarantees and its hops against the peers
+# (bench/peers/quix sets up its own venv); then each service against its own baseline.
 bench: setup
+	$(ONCEFLOW) bench
 	$(PY) bench/ingest_throughput.py
 	$(PY) bench/acker_throughput.py
 	$(PY) bench/dedup_throughput.py

@@ -85,7 +85,7 @@ def test_ports_agree_with_the_settings_defaults(service: str) -> None:
     assert published == {str(port), str(metrics_port)}
     block = tilt_resources()[service]
     assert f"'{prefix}PORT': '{port}'" in block and f"'{prefix}METRICS_PORT': '{metrics_port}'" in block
-    assert f"'health', '127.0.0.1:{port}'" in block  # the readiness probe
+    assert f"'onceflow.probe', '127.0.0.1:{port}'" in block  # the readiness probe
     dockerfile = (ROOT / "Dockerfile").read_text().split(f"AS {service}\n", 1)[1].split("\nFROM ", 1)[0]
     assert f"EXPOSE {port} {metrics_port}" in dockerfile and f"127.0.0.1:{port}" in dockerfile
 

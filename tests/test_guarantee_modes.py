@@ -8,8 +8,12 @@ watermark exceeds its record count; a topic written without them does not."""
 from __future__ import annotations
 
 import pytest
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import NewTopic
 
+from onceflow.kafka import clients
 from onceflow.kafka.inspect import end_offsets
+from onceflow.txn.producer import AtLeastOnceProducer
 from tests.conftest import Pipeline, eventually
 from tests.harness import checker
 from tests.harness.workload import items, produce_envelopes
@@ -49,3 +53,19 @@ def test_the_guarantee_switch_decides_whether_hops_use_transactions(pipeline: Pi
         # The crash may re-deliver any batch since the last offset commit: duplicates are allowed.
         checker.DeliveryReport.of(outputs, ids, allowed_duplicates=ids).assert_at_least_once()
         assert _markers(pipeline, len(outputs)) == 0, "at_least_once still wrote in transactions"
+
+
+def test_at_least_once_never_commits_past_a_record_the_broker_refused(pipeline: Pipeline) -> None:
+    """Without a transaction nothing aborts on its own: a refused record must fail the flush
+    that precedes the offset commit, or the batch's offsets would be committed and it lost."""
+    topic = pipeline.topic("tiny")  # under the test's prefix: deleted with the others
+    admin = clients.admin(pipeline.common)
+    admin.create_topics([NewTopic(topic, 1, 1, config={"max.message.bytes": "2000"})])[topic].result()
+    producer = AtLeastOnceProducer(pipeline.common, "unused")
+    producer.begin()
+    producer.produce(topic, b"fits")
+    producer.commit()
+    producer.begin()
+    producer.produce(topic, b"x" * 20_000)  # the broker refuses it: larger than the topic allows
+    with pytest.raises(KafkaException, match="not delivered"):
+        producer.commit()

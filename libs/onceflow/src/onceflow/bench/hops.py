@@ -1,7 +1,11 @@
 """One hop at a time on the same backlog: onceflow's dedup gate and compute worker, and what a
 user would otherwise run for the same job (a Quix Streams exactly-once app) or could at best get
 (a bare transactional copier). Each runs as its own process and is timed the same way: from its
-consumer group's first commit until it has committed the whole backlog (``watch.py``)."""
+consumer group's first commit until it has committed the whole backlog (``watch.py``).
+
+onceflow's services are warmed up first (Spark JIT-compiles its own code for minutes): they
+consume a warm-up backlog, are paused through their Admin API while the measured backlog is
+written, and resumed. The peers are plain Python over librdkafka and start at full speed."""
 
 from __future__ import annotations
 
@@ -13,14 +17,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
+
 from onceflow.bench import workload
 from onceflow.bench.watch import BacklogRun, GroupWatch, time_backlog
-from onceflow.config import CommonSettings, repo_root
+from onceflow.config import CommonSettings, LoopSettings, repo_root
 from onceflow.infra.topics import TopicSpec, delete_topics, ensure_topics
 from onceflow.kafka import clients
-from onceflow.kafka.inspect import consumed_everything
+from onceflow.kafka.inspect import end_offsets
 from onceflow.process import ServiceProcess, free_port, pipeline_service
 from onceflow.redis_client import connect, delete_prefix
+from onceflow.v1 import admin_pb2, admin_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -28,14 +35,32 @@ QUIX_DIR = Path("bench") / "peers" / "quix"
 PEER_INPUT, PEER_OUTPUT = "peer.input", "peer.output"
 # The contenders of the hop table, by the job they do.
 HOPS = ("copier", "dedup", "quix-dedup", "compute", "quix-keyed-count")
+_TOKEN = "bench"
 
 
 @dataclass(frozen=True)
 class HopOptions:
     records: int = 200_000
+    warm_up_records: int = 50_000
     users: int = 1_000
     quix_commit_interval_s: float = 1.0
     log_dir: Path = Path(".")
+
+
+def transaction_sizes(options: HopOptions) -> dict[str, str]:
+    """What each contender puts in one transaction (the report shows it: it moves throughput)."""
+    from onceflow_compute.config import ComputeSettings
+
+    loop, compute = LoopSettings(), ComputeSettings()
+    per_batch = f"≤ {loop.max_batch_records:,} records or {loop.max_batch_ms} ms"
+    quix = f"a checkpoint every {options.quix_commit_interval_s:g} s"
+    return {
+        "copier": per_batch,
+        "dedup": per_batch,
+        "compute": f"{compute.min_batch_records:,}–{compute.max_batch_records:,} records (adaptive) or {compute.max_batch_ms} ms, per hop",
+        "quix-dedup": quix,
+        "quix-keyed-count": quix,
+    }
 
 
 @contextmanager
@@ -59,10 +84,43 @@ def _namespace(tag: str) -> Iterator[CommonSettings]:
         delete_prefix(connect(common.redis_url), prefix)
 
 
-def _run(process: ServiceProcess, watch: GroupWatch, total: int, finished: Callable[[], bool] = lambda: True) -> BacklogRun:
+def _run_peer(process: ServiceProcess, watch: GroupWatch, total: int) -> BacklogRun:
     process.start()
     try:
-        return time_backlog(watch, total, process.alive, finished)
+        return time_backlog(watch, total, process.alive)
+    finally:
+        watch.close()
+        if process.alive():
+            process.terminate(60)
+
+
+def _run_service(
+    name: str, common: CommonSettings, options: HopOptions, watch: GroupWatch, topic: str,
+    key: Callable[[workload.KeyedRecord], str], finished: Callable[[], bool] = lambda: True, **settings: str,
+) -> BacklogRun:
+    """Warm up on ``warm_up_records``, pause, write the measured backlog, resume, time it."""
+    def backlog(id_prefix: str, count: int) -> None:
+        workload.write_backlog(
+            common, common.topic(topic),
+            ((key(r).encode(), workload.envelope(r)) for r in workload.records(count, options.users, id_prefix)),
+        )
+
+    address = f"127.0.0.1:{free_port()}"
+    process = pipeline_service(name, address, common.topic_prefix, "bench", options.log_dir, **settings)
+    process.env["ONCEFLOW_ADMIN_TOKEN"] = _TOKEN
+    backlog("warm", options.warm_up_records)
+    process.start()
+    try:
+        process.wait_healthy(address, 180)
+        time_backlog(watch, options.warm_up_records, process.alive, finished)
+        with grpc.insecure_channel(address) as channel:
+            admin = admin_pb2_grpc.AdminStub(channel)
+            token = [("authorization", f"Bearer {_TOKEN}")]
+            admin.Pause(admin_pb2.PauseRequest(), metadata=token, timeout=30)
+            backlog("bench", options.records)
+            admin.Resume(admin_pb2.ResumeRequest(), metadata=token, timeout=30)
+        total = options.warm_up_records + options.records
+        return time_backlog(watch, total, process.alive, finished, after=options.warm_up_records)
     finally:
         watch.close()
         if process.alive():
@@ -83,41 +141,39 @@ def copier(options: HopOptions) -> BacklogRun:
             "copier", "onceflow.bench.copier", {}, options.log_dir, cwd=repo_root(),
             args=[common.topic(PEER_INPUT), common.topic(PEER_OUTPUT), group, group],
         )
-        return _run(process, GroupWatch(common, group, common.topic(PEER_INPUT)), options.records)
+        return _run_peer(process, GroupWatch(common, group, common.topic(PEER_INPUT)), options.records)
 
 
 def dedup(options: HopOptions) -> BacklogRun:
     from onceflow_dedup.config import DedupSettings
 
     with _namespace("dedup") as common:
-        workload.write_backlog(
-            common, common.topic("ingest.records"),
-            ((r.record_id.encode(), workload.envelope(r)) for r in workload.records(options.records, options.users, "bench")),
-        )
-        group = DedupSettings(common=common).group_id
-        process = pipeline_service("dedup", f"127.0.0.1:{free_port()}", common.topic_prefix, "bench", options.log_dir)
-        return _run(process, GroupWatch(common, group, common.topic("ingest.records")), options.records)
+        watch = GroupWatch(common, DedupSettings(common=common).group_id, common.topic("ingest.records"))
+        return _run_service("dedup", common, options, watch, "ingest.records", key=lambda r: r.record_id)
+
+
+def _all_read(common: CommonSettings, group: str, topic: str) -> Callable[[], bool]:
+    """Whether ``group`` has read ``topic`` (written in transactions) to its end: a committed
+    offset can stop one short of the last stable offset, at the last transaction's marker."""
+    watch = GroupWatch(common, group, common.topic(topic))
+
+    def check() -> bool:
+        committed = watch.offsets()
+        return all(committed.get(p, 0) >= lso - 1 for p, (lso, _hw) in end_offsets(common, common.topic(topic)).items() if lso > 0)
+
+    return check
 
 
 def compute(options: HopOptions) -> BacklogRun:
-    """Both of compute's hops (map, then the keyed merge): done when the merge hop has consumed
-    every partial the map hop wrote."""
+    """Both of compute's hops (map, then the keyed merge): done when the merge hop has read every
+    partial the map hop wrote."""
     from onceflow_compute.config import ComputeSettings
 
     with _namespace("compute") as common:
-        workload.write_backlog(
-            common, common.topic("dedup.records"),
-            ((r.user.encode(), workload.envelope(r)) for r in workload.records(options.records, options.users, "bench")),
-        )
         settings = ComputeSettings(common=common)
-        merge_group = settings.group_id(workload.JOB, "merge")
-        process = pipeline_service(
-            "compute", f"127.0.0.1:{free_port()}", common.topic_prefix, "bench", options.log_dir, JOB=workload.JOB
-        )
-        return _run(
-            process, GroupWatch(common, settings.group_id(workload.JOB, "map"), common.topic("dedup.records")),
-            options.records, lambda: consumed_everything(common, merge_group, common.topic("compute.partials")),
-        )
+        watch = GroupWatch(common, settings.group_id(workload.JOB, "map"), common.topic("dedup.records"))
+        merged = _all_read(common, settings.group_id(workload.JOB, "merge"), "compute.partials")
+        return _run_service("compute", common, options, watch, "dedup.records", key=lambda r: r.user, finished=merged, JOB=workload.JOB)
 
 
 def quix_python(root: Path | None = None) -> Path:
@@ -141,7 +197,7 @@ def quix(options: HopOptions, app: str) -> BacklogRun:
                   "--commit-interval", str(options.quix_commit_interval_s), "--state-dir", str(state_dir), "--quiet"],
             python=str(quix_python()),
         )
-        return _run(process, GroupWatch(common, group, common.topic(PEER_INPUT)), options.records)
+        return _run_peer(process, GroupWatch(common, group, common.topic(PEER_INPUT)), options.records)
 
 
 def run_hop(name: str, options: HopOptions) -> BacklogRun:
@@ -150,4 +206,3 @@ def run_hop(name: str, options: HopOptions) -> BacklogRun:
         "quix-dedup": lambda o: quix(o, "dedup"), "quix-keyed-count": lambda o: quix(o, "keyed_count"),
     }
     return runners[name](options)
-

@@ -4,8 +4,8 @@
 - **Sustainable rate**: a backlog pushed through ingest as fast as the clients can; the rate at
   which trees complete between 10% and 90% of it (so neither the start nor the tail counts).
   Meanwhile each service's own rate: what its consumer group committed per second while busy.
-- **Latency sweep**: records offered at fixed rates for a few seconds each; per record, INIT
-  (ingest commits it) -> tree completed (applied in the sink and acked), p50 and p99."""
+- **Latency sweep**: records offered at fixed rates for a few seconds each; per record, the
+  client sends it -> its tree completed (applied in the sink and acked), p50 and p99."""
 
 from __future__ import annotations
 
@@ -18,12 +18,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
+
 from onceflow.bench import workload
-from onceflow.bench.trees import Completion, TreeLog
-from onceflow.bench.watch import GroupWatch
+from onceflow.bench.trees import TreeLog
 from onceflow.config import CommonSettings
 from onceflow.infra.topics import delete_topics, ensure_topics
 from onceflow.redis_client import connect, delete_prefix
+from onceflow.v1 import admin_pb2, admin_pb2_grpc
 from onceflow.verify.supervisor import Supervisor
 from onceflow.workloads.senders import Senders
 
@@ -59,7 +61,8 @@ class ModeResult:
     sustainable: float = 0.0
     saturation_p50_ms: float = 0.0
     saturation_p99_ms: float = 0.0
-    services: dict[str, float] = field(default_factory=dict)  # records (sink: changes) per second
+    # Per service: pipeline records per second while it had work during the saturation run.
+    services: dict[str, float] = field(default_factory=dict)
     sweep: list[RatePoint] = field(default_factory=list)
     failed_trees: int = 0
 
@@ -80,32 +83,40 @@ class _Run:
     def __enter__(self) -> _Run:
         ensure_topics(self.common.kafka_bootstrap, prefix=self.prefix)
         self.note(f"{self.guarantee}: starting the five services")
-        self.supervisor.start_all()
+        try:
+            self.supervisor.start_all()
+        except BaseException:
+            self.__exit__()
+            raise
         self.trees.start()
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        self.trees.stop()
+        if self.trees.is_alive():
+            self.trees.stop()
         self.supervisor.stop_all()
         delete_topics(self.common.kafka_bootstrap, prefix=self.prefix)
         delete_prefix(connect(self.common.redis_url), self.prefix)
 
-    def send(self, id_prefix: str, count: int, rate: float) -> tuple[float, list[Completion]]:
-        """``count`` records offered at ``rate`` (0: as fast as ingest takes them); how long
-        ingest took to commit them all, and every record's completion once all trees completed."""
+    def send(self, id_prefix: str, count: int, rate: float) -> tuple[list[float], list[float]]:
+        """``count`` records offered at ``rate`` (0: as fast as ingest takes them), once all
+        their trees completed: when each completed and its latency (client send -> completed),
+        in ms."""
         records = workload.ingest_records(count, self.options.users, id_prefix)
         senders = Senders(self.supervisor.address("ingest"), records, self.options.batch, self.options.clients, 0.0, 1, rate)
-        started = time.monotonic()
         senders.start()
-        deadline, ingest_s = None, 0.0
+        deadline = None
         while True:
             done = self.trees.completions(id_prefix)
             if len(done) >= count and deadline is not None:
-                return ingest_s, done
+                sent = senders.sent_at_ms()
+                return (
+                    sorted(c.decided_at_ms for c in done.values()),
+                    [c.decided_at_ms - sent[record_id.encode()] for record_id, c in done.items()],
+                )
             if senders.error is not None:
                 raise RuntimeError(f"a client gave up: {senders.error}")
             if deadline is None and not senders.running():
-                ingest_s = time.monotonic() - started
                 deadline = time.monotonic() + self.options.drain_timeout_s
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"{id_prefix}: {len(done):,} of {count:,} trees completed")
@@ -113,48 +124,37 @@ class _Run:
                 raise RuntimeError(f"{name} exited during the bench (see {self.options.log_dir})")
             time.sleep(0.2)
 
-    def service_rates(self, stop: threading.Event) -> dict[str, float]:
-        """Sampled until ``stop``: per service, records committed per second while it had work."""
-        from onceflow_compute.config import ComputeSettings
-        from onceflow_dedup.config import DedupSettings
-        from onceflow_sink.config import SinkSettings
-
-        compute = ComputeSettings(common=self.common)
-        groups = {
-            "dedup": (DedupSettings(common=self.common).group_id, "ingest.records"),
-            "compute map": (compute.group_id(workload.JOB, "map"), "dedup.records"),
-            "compute merge": (compute.group_id(workload.JOB, "merge"), "compute.partials"),
-            "sink": (SinkSettings(common=self.common).group_id, "compute.results"),
-        }
-        watches = {name: GroupWatch(self.common, group, self.common.topic(topic)) for name, (group, topic) in groups.items()}
-        # name -> (time, count) at the first and the last sample that moved
-        first: dict[str, tuple[float, int]] = {}
+    def service_rates(self, records: int, stop: threading.Event) -> dict[str, float]:
+        """Sampled until ``stop``: per service, ``records`` over the time its own Status count
+        (records_in) kept moving. Every record passes every service once, so each figure is
+        pipeline records per second while that service had work."""
+        channels = {name: grpc.insecure_channel(self.supervisor.address(name)) for name in self.supervisor.instances}
+        window: dict[str, list[float]] = {}  # name -> [busy from, busy until]
         last: dict[str, tuple[float, int]] = {}
         try:
-            while not stop.wait(0.25):
-                now = time.monotonic()
-                for name, watch in watches.items():
-                    count = watch.committed()
-                    if name not in first:
-                        first[name] = (now, count)
-                    elif count != last.get(name, first[name])[1]:
-                        last[name] = (now, count)
+            while not stop.wait(0.2):
+                for name, channel in channels.items():
+                    now = time.monotonic()
+                    try:
+                        count = admin_pb2_grpc.AdminStub(channel).Status(admin_pb2.StatusRequest(), timeout=2).records_in
+                    except grpc.RpcError as exc:
+                        log.warning("bench: %s Status: %s", name, exc.code())
+                        continue
+                    if name in last and count != last[name][1]:
+                        window.setdefault(name, [last[name][0], now])[1] = now
+                    last[name] = (now, count)
         finally:
-            for watch in watches.values():
-                watch.close()
-        return {
-            name: (last[name][1] - first[name][1]) / max(last[name][0] - first[name][0], 1e-9)
-            for name in watches if name in last
-        }
+            for channel in channels.values():
+                channel.close()
+        return {name: records / max(until - since, 1e-3) for name, (since, until) in window.items()}
 
 
-def _percentile(values: list[int], q: float) -> float:
+def _percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] if len(values) > 1 else float(values[0])
 
 
-def _completion_rate(done: list[Completion]) -> float:
-    """Trees per second between 10% and 90% of them completing."""
-    times = sorted(c.decided_at_ms for c in done)
+def _completion_rate(times: list[float]) -> float:
+    """Trees per second between 10% and 90% of them completing (``times`` sorted, ms)."""
     low, high = times[len(times) // 10], times[len(times) * 9 // 10]
     return (len(times) * 0.8) / max((high - low) / 1000, 1e-3)
 
@@ -172,25 +172,24 @@ def run_mode(
         note(f"{guarantee}: saturation, {options.saturation_records:,} records as fast as ingest takes them")
         stop = threading.Event()
         rates_box: dict[str, float] = {}
-        sampler = threading.Thread(target=lambda: rates_box.update(run.service_rates(stop)), daemon=True)
+        sampler = threading.Thread(
+            target=lambda: rates_box.update(run.service_rates(options.saturation_records, stop)), daemon=True
+        )
         sampler.start()
-        ingest_s, done = run.send("sat:", options.saturation_records, 0)
+        times, latencies = run.send("sat:", options.saturation_records, 0)
         stop.set()
         sampler.join(30)
-        result.sustainable = _completion_rate(done)
-        latencies = [c.latency_ms for c in done]
+        result.sustainable = _completion_rate(times)
         result.saturation_p50_ms, result.saturation_p99_ms = _percentile(latencies, 50), _percentile(latencies, 99)
-        result.services = {"ingest": options.saturation_records / max(ingest_s, 1e-3), **rates_box, "acker": result.sustainable}
+        result.services = rates_box
         note(f"{guarantee}: sustainable {result.sustainable:,.0f} records/s")
 
         for index, rate in enumerate(rates(result.sustainable)):
             count = max(int(rate * options.step_s), 1)
             note(f"{guarantee}: offering {rate:,.0f} records/s for {options.step_s:.0f} s")
-            _started, done = run.send(f"step{index}:", count, rate)
-            times = sorted(c.decided_at_ms for c in done)
-            latencies = [c.latency_ms for c in done]
+            times, latencies = run.send(f"step{index}:", count, rate)
             result.sweep.append(RatePoint(
-                offered=rate, achieved=len(done) / max((times[-1] - times[0]) / 1000, 1e-3), records=len(done),
+                offered=rate, achieved=len(times) / max((times[-1] - times[0]) / 1000, 1e-3), records=len(times),
                 p50_ms=_percentile(latencies, 50), p99_ms=_percentile(latencies, 99),
             ))
             note(f"{guarantee}: {rate:,.0f}/s offered: p50 {result.sweep[-1].p50_ms:.0f} ms, p99 {result.sweep[-1].p99_ms:.0f} ms")

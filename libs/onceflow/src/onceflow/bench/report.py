@@ -25,6 +25,8 @@ class Report:
     modes: dict[str, ModeResult] = field(default_factory=dict)
     hops: dict[str, BacklogRun] = field(default_factory=dict)
     hop_records: int = 0
+    hop_transactions: dict[str, str] = field(default_factory=dict)  # what one transaction holds, per contender
+    failures: dict[str, str] = field(default_factory=dict)  # a part that could not be measured -> why
 
     def ratios(self) -> dict[str, float]:
         ratios: dict[str, float] = {}
@@ -62,6 +64,8 @@ class Report:
             "pipeline": {name: asdict(mode) for name, mode in self.modes.items()},
             "hops": {name: {**asdict(run), "records_per_s": run.records_per_s} for name, run in self.hops.items()},
             "hop_records": self.hop_records,
+            "hop_transactions": self.hop_transactions,
+            "failures": self.failures,
             "ratios": self.ratios(),
             "p99_ms_at_half_load": self.p99_at_half_load(),
             "targets_met": self.verdicts(),
@@ -71,7 +75,7 @@ class Report:
 def print_tables(report: Report, console: Console) -> None:
     if report.modes:
         modes = list(report.modes.values())
-        table = Table(title="end to end: ingest → applied in the sink (tree completed)")
+        table = Table(title="end to end: client sends → applied in the sink (tree completed)")
         table.add_column("")
         for mode in modes:
             table.add_column(mode.guarantee, justify="right")
@@ -88,13 +92,15 @@ def print_tables(report: Report, console: Console) -> None:
         console.print(table)
     if report.hops:
         table = Table(title=f"one hop on a backlog of {report.hop_records:,} records (first commit → all committed)")
-        for column in ("contender", "records/s", "× copier"):
-            table.add_column(column, justify="right" if column != "contender" else "left")
+        for column in ("contender", "records/s", "× copier", "one transaction"):
+            table.add_column(column, justify="right" if column in ("records/s", "× copier") else "left")
         copier = report.hops.get("copier")
         for name, run in report.hops.items():
             ratio = f"{run.records_per_s / copier.records_per_s:.2f}" if copier else "-"
-            table.add_row(name, f"{run.records_per_s:,.0f}", ratio)
+            table.add_row(name, f"{run.records_per_s:,.0f}", ratio, report.hop_transactions.get(name, ""))
         console.print(table)
+    for part, why in report.failures.items():
+        console.print(f"[red]not measured[/]: {part}: {why}")
     verdicts = report.verdicts()
     for name, value in report.ratios().items():
         bound = TARGETS.get(name)
@@ -128,7 +134,7 @@ def plot(report: Report, path: Path) -> Path:
         axes.axvline(mode.sustainable, color=color, linestyle=":", label=f"{mode.guarantee} sustainable")
     axes.axhline(P99_BOUND_MS, color="grey", linewidth=0.8, label="2 s")
     axes.set_xlabel("records/s through the whole pipeline")
-    axes.set_ylabel("ingest → applied in the sink, ms")
+    axes.set_ylabel("client send → applied in the sink, ms")
     axes.set_yscale("log")
     axes.set_title(f"onceflow end to end, usersum, {os.cpu_count()} cores")
     axes.legend(fontsize="small")

@@ -1,6 +1,7 @@
 """Every tree decision on ``acker.events``, as it commits: when a record's tree completes, its
 effect has been applied in the sink (the sink acks the last edges after its Redis write), so a
-COMPLETED event's latency is ingest -> applied in the sink, plus the ack's own trip."""
+record's client send -> COMPLETED decision is its end-to-end latency, plus the last ack's trip to
+the acker."""
 
 from __future__ import annotations
 
@@ -17,8 +18,7 @@ from onceflow.v1.acker_pb2 import TreeEvent
 
 @dataclass(frozen=True, slots=True)
 class Completion:
-    latency_ms: int  # INIT (sent by ingest as it commits the record) -> decision
-    decided_at_ms: int
+    decided_at_ms: int  # the acker's wall clock
 
 
 class TreeLog(threading.Thread):
@@ -45,7 +45,7 @@ class TreeLog(threading.Thread):
                         continue
                     with self._lock:
                         # The first decision counts (at-least-once mode may repeat one).
-                        self._completed.setdefault(event.origin.record_id, Completion(event.latency_ms, event.decided_at_ms))
+                        self._completed.setdefault(event.origin.record_id, Completion(event.decided_at_ms))
         finally:
             reader.close()
 
@@ -53,6 +53,6 @@ class TreeLog(threading.Thread):
         self._stopping.set()
         self.join(10)
 
-    def completions(self, id_prefix: str) -> list[Completion]:
+    def completions(self, id_prefix: str) -> dict[str, Completion]:
         with self._lock:
-            return [c for record_id, c in self._completed.items() if record_id.startswith(id_prefix)]
+            return {record_id: c for record_id, c in self._completed.items() if record_id.startswith(id_prefix)}

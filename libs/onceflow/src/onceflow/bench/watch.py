@@ -20,10 +20,14 @@ class GroupWatch:
         self._consumer = clients.consumer(common, group)
         self._partitions = [TopicPartition(topic, p) for p in partitions_of(common, topic)]
 
+    def offsets(self) -> dict[int, int]:
+        """partition -> committed offset (0 for none)."""
+        return {tp.partition: max(tp.offset, 0) for tp in self._consumer.committed(self._partitions, timeout=10)}
+
     def committed(self) -> int:
         """Records committed over every partition (offsets, so on a topic without transaction
         markers: records consumed)."""
-        return sum(max(tp.offset, 0) for tp in self._consumer.committed(self._partitions, timeout=10))
+        return sum(self.offsets().values())
 
     def close(self) -> None:
         self._consumer.close()
@@ -41,16 +45,16 @@ class BacklogRun:
 
 def time_backlog(
     watch: GroupWatch, total: int, alive: Callable[[], bool], finished: Callable[[], bool] = lambda: True,
-    timeout_s: float = 600.0, on_progress: Callable[[int], None] = lambda _n: None,
+    timeout_s: float = 600.0, after: int = 0,
 ) -> BacklogRun:
-    """From the group's first commit until it has committed all ``total`` records and
-    ``finished()`` holds: startup and the group join are not counted, for anyone."""
+    """From the group's first commit past ``after`` (what a warm-up consumed) until it has
+    committed all ``total`` records and ``finished()`` holds: startup and the group join are not
+    counted, for anyone."""
     first: tuple[float, int] | None = None
     deadline = time.monotonic() + timeout_s
     while True:
         now, done = time.monotonic(), watch.committed()
-        on_progress(done)
-        if done and first is None:
+        if done > after and first is None:
             first = (now, done)
         if done >= total and finished():
             break

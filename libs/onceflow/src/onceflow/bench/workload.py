@@ -1,5 +1,5 @@
-"""The keyed-count workload every contender of ``onceflow bench`` runs: records
-``{"user": "u<k>", "amount": n}`` counted and summed per user (the compute job ``usersum``).
+"""The keyed-count workload (``onceflow.workloads.usersum``) as every contender of ``onceflow
+bench`` reads it: records ``{"user": "u<k>", "amount": n}`` counted and summed per user.
 
 One generator, three encodings: onceflow envelopes for a hop's input topic, plain JSON for the
 peers (which have no envelope), and ``IngestRecord``s for clients of ingest."""
@@ -7,9 +7,7 @@ peers (which have no envelope), and ``IngestRecord``s for clients of ingest."""
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from confluent_kafka import Producer
 
@@ -17,32 +15,14 @@ from onceflow.codec import encode_envelope, new_id, now_ms
 from onceflow.config import CommonSettings
 from onceflow.v1.envelope_pb2 import Envelope
 from onceflow.v1.ingest_pb2 import IngestRecord
+from onceflow.workloads import usersum
+from onceflow.workloads.usersum import JOB, KeyedRecord, records
 
-JOB = "usersum"
-
-
-@dataclass(frozen=True, slots=True)
-class KeyedRecord:
-    record_id: str
-    user: str
-    amount: int
-
-    @property
-    def payload(self) -> bytes:
-        return json.dumps({"user": self.user, "amount": self.amount}).encode()
-
-
-def records(count: int, users: int, id_prefix: str, seed: int = 1) -> Iterator[KeyedRecord]:
-    rng = random.Random(seed)
-    for index in range(count):
-        yield KeyedRecord(f"{id_prefix}:{index}", f"u{rng.randrange(users)}", rng.randrange(1, 1000))
+__all__ = ["JOB", "KeyedRecord", "envelope", "ingest_records", "peer_json", "records", "write_backlog"]
 
 
 def ingest_records(count: int, users: int, id_prefix: str, seed: int = 1) -> list[IngestRecord]:
-    return [
-        IngestRecord(record_id=r.record_id.encode(), key=r.user.encode(), payload=r.payload)
-        for r in records(count, users, id_prefix, seed)
-    ]
+    return usersum.ingest_records(records(count, users, id_prefix, seed))
 
 
 def envelope(record: KeyedRecord) -> bytes:

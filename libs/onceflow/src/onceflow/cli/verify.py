@@ -42,6 +42,8 @@ def verify(
     resend_ratio: float = typer.Option(0.05, help="Share of batches a client sends twice (client retries)."),
     clients: int = typer.Option(4, help="Concurrent clients."),
     seed: int = typer.Option(1, help="Seed of the workload and of the fault schedule."),
+    workload: str = typer.Option("nexmark", help="nexmark (job auctionbids) or keyed-count (job usersum)."),
+    users: int = typer.Option(1_000, help="keyed-count: distinct keys."),
     settle: float = typer.Option(300.0, help="Seconds the sink may take to converge after the clients finish."),
     sabotage: str = typer.Option(
         "", help=f"Test the checker: run a deliberately broken build ({', '.join(SABOTAGES)}; comma-separated); verify must then fail."
@@ -57,11 +59,15 @@ def verify(
             records=records, rate=rate, duration_s=parse_duration(duration),
             faults=tuple(f.strip() for f in faults.split(",") if f.strip()), fault_every_s=fault_every,
             resend_ratio=resend_ratio, clients=clients, seed=seed, settle_s=settle, sabotage=sabotage, keep=keep,
+            workload=workload, users=users,
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    console.rule(f"[bold]onceflow verify[/]: {options.records:,} records at {options.rate:,}/s, faults {', '.join(options.faults)}")
+    console.rule(
+        f"[bold]onceflow verify[/]: {options.workload}, {options.records:,} records at {options.rate:,}/s, "
+        f"faults {', '.join(options.faults)}"
+    )
     view: PipelineView | None = None
     printed = 0
 

@@ -151,13 +151,44 @@ class TransactionalProducer:
 class AtLeastOnceProducer(TransactionalProducer):
     """The same calls without a transaction: outputs are flushed before the consumer's offsets
     are committed, so a crash re-delivers a batch (duplicates downstream) but never skips one.
+    A record the broker refused (too large, say) fails the flush, as it would fail a
+    transaction's commit: the batch is then processed again rather than its offsets committed.
     Nothing is fenced and nothing can be aborted: an "aborted" batch is simply processed again."""
 
     def _init(self) -> Producer:
+        self._undelivered: KafkaError | None = None
         return clients.idempotent_producer(self._common, **self._overrides)
 
     def begin(self) -> None:
-        pass
+        self._undelivered = None
+
+    def produce(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None = None,
+        partition: int | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+        on_delivery: DeliveryCallback | None = None,
+    ) -> None:
+        if on_delivery is None:
+            super().produce(topic, value, key, partition, headers, self._note_delivery)
+            return
+
+        def delivered(err: KafkaError | None, msg: Message) -> None:
+            self._note_delivery(err, msg)
+            on_delivery(err, msg)
+
+        super().produce(topic, value, key, partition, headers, delivered)
+
+    def _note_delivery(self, err: KafkaError | None, _msg: Message) -> None:
+        if err is not None:
+            self._undelivered = err
+
+    def flush(self) -> None:
+        super().flush()
+        if self._undelivered is not None:
+            raise self.abortable(f"a record was not delivered: {self._undelivered}")
 
     def send_offsets(self, offsets: list[TopicPartition], consumer: Consumer) -> None:
         self.flush()
@@ -168,7 +199,7 @@ class AtLeastOnceProducer(TransactionalProducer):
         self.flush()
 
     def abort(self) -> None:
-        pass
+        self._undelivered = None
 
 
 def open_producer(

@@ -1,8 +1,11 @@
 """One verify campaign: the whole pipeline on a fresh topic prefix, a generated workload pushed
 through ingest by retrying clients, a fault schedule running while they send, then the checker.
 
-The workload is Nexmark (persons, auctions, bids, out of order) and the job is ``auctionbids``, a
-keyed count and sum per auction: every bid must count exactly once in its auction's row in Redis.
+Two workloads, each with a job whose every row shows a lost or doubled record:
+- ``nexmark`` (persons, auctions, bids, out of order), job ``auctionbids``: a count and sum per
+  auction, so every bid must count exactly once in its auction's row in Redis;
+- ``keyed-count`` (``{"user", "amount"}`` keyed by user), job ``usersum``: count, total and
+  extremes per user.
 """
 
 from __future__ import annotations
@@ -22,13 +25,15 @@ from onceflow.redis_client import connect, delete_prefix
 from onceflow.verify.check import Verdict, check
 from onceflow.verify.schedule import KINDS, FaultSchedule
 from onceflow.verify.supervisor import Supervisor
-from onceflow.workloads import auctionbids, nexmark
+from onceflow.v1.ingest_pb2 import IngestRecord
+from onceflow.workloads import auctionbids, nexmark, usersum
 from onceflow.workloads.senders import Senders
 
 log = logging.getLogger(__name__)
 
 # Short, so a paused member leaves the group soon and a zombie's replacement takes over quickly.
 SESSION_TIMEOUT_MS = 6_000
+WORKLOADS = ("nexmark", "keyed-count")
 
 
 @dataclass
@@ -46,6 +51,8 @@ class CampaignOptions:
     settle_s: float = 300.0  # after the clients finish: how long the sink may take to converge
     sabotage: str = ""  # comma-separated faults.SABOTAGES: a deliberately broken pipeline (tests of the checker)
     keep: bool = False
+    workload: str = "nexmark"
+    users: int = 1_000  # keyed-count: distinct keys
 
     def __post_init__(self) -> None:
         if not self.records:
@@ -57,9 +64,44 @@ class CampaignOptions:
         unknown = set(self.faults) - set(KINDS)
         if unknown:
             raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(KINDS)}")
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"unknown workload {self.workload!r}; known: {', '.join(WORKLOADS)}")
+        if self.users < 1:
+            raise ValueError("users must be positive")
         unknown = {s for s in self.sabotage.split(",") if s} - set(SABOTAGES)
         if unknown:
             raise ValueError(f"unknown sabotage {sorted(unknown)}; known: {', '.join(SABOTAGES)}")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the clients send, the job that runs on it, and its answers computed without the
+    pipeline (the batch answer, itself checked against a plain fold)."""
+
+    records: list[IngestRecord]
+    compute_settings: dict[str, str]
+    batch_answer: Callable[[], dict[str, dict]]
+    fold_answer: Callable[[], dict[str, dict]]
+    sink_table: Callable[[str], dict[str, dict]]
+
+
+def workload(options: CampaignOptions) -> Workload:
+    run_id = f"verify{options.seed}"
+    if options.workload == "keyed-count":
+        keyed = list(usersum.records(options.records, options.users, run_id, options.seed))
+        return Workload(
+            usersum.ingest_records(keyed), {"JOB": usersum.JOB},
+            lambda: usersum.batch_answer(keyed), lambda: usersum.fold_answer(keyed), usersum.sink_table,
+        )
+    config = nexmark.NexmarkConfig(
+        events=options.records, rate=max(options.rate, 1), max_delay_ms=options.max_delay_ms, seed=options.seed
+    )
+    arrivals = nexmark.arrival_order(config)
+    return Workload(
+        nexmark.ingest_records(arrivals, run_id),
+        {"JOB": auctionbids.JOB, "WATERMARK_BOUND_MS": str(options.max_delay_ms)},
+        lambda: auctionbids.batch_answer(arrivals), lambda: auctionbids.fold_answer(arrivals), auctionbids.sink_table,
+    )
 
 
 @dataclass
@@ -91,16 +133,13 @@ def run(options: CampaignOptions, on_progress: Callable[[Progress], None] = lamb
     if options.sabotage:
         env[SABOTAGE_ENV] = options.sabotage
         note(f"[red]sabotaged build[/]: {options.sabotage}")
-    supervisor = Supervisor(
-        prefix, log_dir,
-        settings={"compute": {"JOB": auctionbids.JOB, "WATERMARK_BOUND_MS": str(options.max_delay_ms)}},
-        env=env,
-    )
+    load = workload(options)
+    supervisor = Supervisor(prefix, log_dir, settings={"compute": load.compute_settings}, env=env)
     try:
         progress.phase = "starting services"
         on_progress(progress)
         supervisor.start_all()
-        return _campaign(options, common, supervisor, progress, note, on_progress)
+        return _campaign(options, load, common, supervisor, progress, note, on_progress)
     finally:
         supervisor.stop_all()
         if not options.keep:
@@ -110,18 +149,14 @@ def run(options: CampaignOptions, on_progress: Callable[[Progress], None] = lamb
 
 def _campaign(
     options: CampaignOptions,
+    load: Workload,
     common: CommonSettings,
     supervisor: Supervisor,
     progress: Progress,
     note: Callable[[str], None],
     on_progress: Callable[[Progress], None],
 ) -> Verdict:
-    config = nexmark.NexmarkConfig(
-        events=options.records, rate=max(options.rate, 1), max_delay_ms=options.max_delay_ms, seed=options.seed
-    )
-    arrivals = nexmark.arrival_order(config)
-    run_id = f"verify{options.seed}"
-    records = nexmark.ingest_records(arrivals, run_id)
+    records = load.records
     expected = {r.record_id.decode() for r in records}
 
     def refresh() -> None:
@@ -160,9 +195,9 @@ def _campaign(
 
     progress.phase = "computing the batch answer (Spark)"
     on_progress(progress)
-    batch_rows = auctionbids.batch_answer(arrivals)
-    if batch_rows != auctionbids.fold_answer(arrivals):
-        raise RuntimeError("Spark's batch answer differs from a plain fold of the bids")
+    batch_rows = load.batch_answer()
+    if batch_rows != load.fold_answer():
+        raise RuntimeError("Spark's batch answer differs from a plain fold of the records")
 
     progress.phase = "waiting for the sink to converge"
     deadline = time.monotonic() + options.settle_s
@@ -170,7 +205,7 @@ def _campaign(
     while time.monotonic() < deadline:
         refresh()
         try:
-            rows = auctionbids.sink_table(supervisor.address("sink"))
+            rows = load.sink_table(supervisor.address("sink"))
         except Exception as exc:  # noqa: BLE001 - a sink restarting right now
             log.info("sink not answering yet: %s", exc)
         if rows == batch_rows:

@@ -24,6 +24,7 @@ class Sender(threading.Thread):
         self.rng = random.Random(seed)
         self.resend_ratio = resend_ratio
         self.sent_again: set[str] = set()
+        self.sent_at_ms: list[float] = []  # per batch: when it was first sent (wall clock, for latencies)
         self.acknowledged = 0
         self.error: BaseException | None = None
 
@@ -34,6 +35,7 @@ class Sender(threading.Thread):
                 if self.rate:
                     time.sleep(max(0.0, started + sent / self.rate - time.monotonic()))
                 sent += len(batch)
+                self.sent_at_ms.append(time.time() * 1000)
                 self.client.ingest(batch)
                 if self.rng.random() < self.resend_ratio:
                     # The reply was "lost": the client cannot tell, so it sends the same records again.
@@ -75,6 +77,15 @@ class Senders:
     @property
     def sent_again(self) -> set[str]:
         return set().union(*(s.sent_again for s in self.senders))
+
+    def sent_at_ms(self) -> dict[bytes, float]:
+        """record_id -> when its batch was first sent."""
+        return {
+            record.record_id: at
+            for sender in self.senders
+            for batch, at in zip(sender.batches, sender.sent_at_ms, strict=False)
+            for record in batch
+        }
 
     @property
     def retries(self) -> int:
