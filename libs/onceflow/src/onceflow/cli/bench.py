@@ -23,7 +23,7 @@ from onceflow.infra import stack
 def bench(
     records: int = typer.Option(200_000, help="Backlog per hop contender."),
     hop_warm_up: int = typer.Option(50_000, help="Records onceflow's hops consume before their backlog is timed."),
-    saturation_records: int = typer.Option(60_000, help="Records pushed through the pipeline as fast as ingest takes them."),
+    saturation_records: int = typer.Option(150_000, help="Records pushed through the pipeline as fast as ingest takes them."),
     warm_up_records: int = typer.Option(20_000, help="Records through each fresh pipeline before anything is timed (Spark's JIT)."),
     fractions: str = typer.Option("0.25,0.5,0.75,1.0", help="Offered rates of the sweep, as fractions of the exactly-once sustainable rate."),
     step: float = typer.Option(15.0, help="Seconds each offered rate runs."),
