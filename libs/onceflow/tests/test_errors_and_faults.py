@@ -1,11 +1,11 @@
 """Error classification and fault-rule parsing: pure, no broker."""
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from onceflow import faults
 from onceflow.codec import DecodeError, decode_envelope, encode_envelope, new_id
-from onceflow.txn.errors import TxnErrorClass, classify
+from onceflow.txn.errors import ConsumerStuck, TxnErrorClass, classify
 from onceflow.v1.envelope_pb2 import Envelope
 
 pytestmark = pytest.mark.foundation
@@ -72,3 +72,35 @@ def test_envelope_round_trip_and_poison():
 
 def test_new_id_is_never_zero():
     assert all(new_id() != 0 for _ in range(1000))
+
+
+class _ConsumerThatNeverAnswers:
+    """What a librdkafka consumer did after the broker was killed mid-transaction: every
+    committed() timed out, for minutes, while a fresh consumer of the group answered at once."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def assignment(self) -> list[TopicPartition]:
+        return [TopicPartition("t", 0), TopicPartition("t", 1)]
+
+    def committed(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+        self.calls += 1
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "Failed to get committed offsets: Local: Timed out"))
+
+
+def test_a_consumer_stuck_without_its_committed_offsets_ends_the_loop_for_a_restart(monkeypatch) -> None:
+    from onceflow.config import CommonSettings, LoopSettings
+    from onceflow.txn import loop as loop_module
+
+    monkeypatch.setattr(loop_module, "_COMMITTED_TRIES", 2)
+    hop = loop_module.TransactionalLoop(
+        stage=type("Nothing", (), {"name": "nothing", "process": lambda self, batch: None})(),
+        common=CommonSettings(), settings=LoopSettings(), input_topic="t", group_id="g", transactional_id="x",
+        dlq_topic="d",
+    )
+    consumer = _ConsumerThatNeverAnswers()
+    hop._consumer = consumer  # type: ignore[assignment]
+    with pytest.raises(ConsumerStuck, match="after 2 tries"):
+        hop._resync()
+    assert consumer.calls == 2

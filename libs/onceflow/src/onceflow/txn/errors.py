@@ -29,6 +29,12 @@ class FencedError(RuntimeError):
     """This instance was fenced by a newer one; it must stop without writing anything else."""
 
 
+class ConsumerStuck(RuntimeError):
+    """The consumer cannot say where its group stands (committed offsets) however long it
+    tries: seen after a broker was killed mid-transaction, while a fresh consumer of the same
+    group answered at once. Only a new process recovers; the supervisor starts one."""
+
+
 class IndefiniteOutcome(RuntimeError):
     """A commit or abort whose result cannot be known (it timed out): recreate the producer."""
 

@@ -28,13 +28,16 @@ from onceflow.kafka.inspect import wait_partition_count
 from onceflow.state.store import KeyValueStore, MemoryStore
 from onceflow.state.stores import PartitionStores
 from onceflow.txn.batch import Batch, Stage
-from onceflow.txn.errors import FencedError, IndefiniteOutcome
+from onceflow.txn.errors import ConsumerStuck, FencedError, IndefiniteOutcome
 from onceflow.txn.producer import TransactionalProducer, open_producer
 
 log = logging.getLogger(__name__)
 
 EXIT_OK = 0
 EXIT_FENCED = 3
+EXIT_RESTART = 4  # stuck beyond what this process can repair: a supervisor starts a new one
+# Tries of 10 s each to fetch the committed offsets before the consumer counts as stuck.
+_COMMITTED_TRIES = 6
 
 
 class LoopState(str, enum.Enum):
@@ -170,6 +173,11 @@ class TransactionalLoop:
             self.stats.last_error = str(exc)
             log.error("%s: fenced, this instance is a zombie and stops: %s", self.stage.name, exc)
             return EXIT_FENCED
+        except ConsumerStuck as exc:
+            self.state = LoopState.STOPPED
+            self.stats.last_error = str(exc)
+            log.error("%s: %s; exiting so that a new process takes over", self.stage.name, exc)
+            return EXIT_RESTART
         finally:
             self._close()
 
@@ -334,13 +342,16 @@ class TransactionalLoop:
         assignment = self._consumer.assignment()
         if assignment:
             committed = None
-            while committed is None:
+            for attempt in range(1, _COMMITTED_TRIES + 1):
                 try:
                     committed = self._consumer.committed(assignment, timeout=10)
+                    break
                 except KafkaException as exc:
-                    log.warning("fetching committed offsets: %s", exc)
+                    log.warning("fetching committed offsets (try %d of %d): %s", attempt, _COMMITTED_TRIES, exc)
                     if self._stop.wait(1.0):
                         return
+            if committed is None:
+                raise ConsumerStuck(f"no committed offsets for {sorted(p.partition for p in assignment)} after {_COMMITTED_TRIES} tries")
             for tp in committed:
                 if tp.offset < 0:
                     tp.offset = OFFSET_BEGINNING
