@@ -9,7 +9,6 @@ written, and resumed. The peers are plain Python over librdkafka and start at fu
 
 from __future__ import annotations
 
-import logging
 import subprocess
 import uuid
 from collections.abc import Callable, Iterator
@@ -28,8 +27,6 @@ from onceflow.kafka.inspect import end_offsets
 from onceflow.process import ServiceProcess, free_port, pipeline_service
 from onceflow.redis_client import connect, delete_prefix
 from onceflow.v1 import admin_pb2, admin_pb2_grpc
-
-log = logging.getLogger(__name__)
 
 QUIX_DIR = Path("bench") / "peers" / "quix"
 PEER_INPUT, PEER_OUTPUT = "peer.input", "peer.output"
@@ -152,10 +149,10 @@ def dedup(options: HopOptions) -> BacklogRun:
         return _run_service("dedup", common, options, watch, "ingest.records", key=lambda r: r.record_id)
 
 
-def _all_read(common: CommonSettings, group: str, topic: str) -> Callable[[], bool]:
-    """Whether ``group`` has read ``topic`` (written in transactions) to its end: a committed
-    offset can stop one short of the last stable offset, at the last transaction's marker."""
-    watch = GroupWatch(common, group, common.topic(topic))
+def _all_read(common: CommonSettings, watch: GroupWatch, topic: str) -> Callable[[], bool]:
+    """Whether ``watch``'s group has read ``topic`` (written in transactions) to its end: a
+    committed offset can stop one short of the last stable offset, at the last transaction's
+    marker."""
 
     def check() -> bool:
         committed = watch.offsets()
@@ -172,8 +169,14 @@ def compute(options: HopOptions) -> BacklogRun:
     with _namespace("compute") as common:
         settings = ComputeSettings(common=common)
         watch = GroupWatch(common, settings.group_id(workload.JOB, "map"), common.topic("dedup.records"))
-        merged = _all_read(common, settings.group_id(workload.JOB, "merge"), "compute.partials")
-        return _run_service("compute", common, options, watch, "dedup.records", key=lambda r: r.user, finished=merged, JOB=workload.JOB)
+        merge = GroupWatch(common, settings.group_id(workload.JOB, "merge"), common.topic("compute.partials"))
+        try:
+            return _run_service(
+                "compute", common, options, watch, "dedup.records", key=lambda r: r.user,
+                finished=_all_read(common, merge, "compute.partials"), JOB=workload.JOB,
+            )
+        finally:
+            merge.close()
 
 
 def quix_python(root: Path | None = None) -> Path:
