@@ -184,32 +184,3 @@ def test_poison_is_dead_lettered_exactly_once_even_across_a_crash_before_the_app
     )
     assert json.loads(cli.stdout) == {"found": True, "value": some_value.decode()}
     assert proc.terminate() == 0, proc.log_tail()
-
-
-def test_the_apply_script_fences_stale_owners_and_skips_replayed_batches(infra: None) -> None:
-    """Redis alone: why the sink's writes are exactly once and not merely idempotent."""
-    import uuid
-
-    from onceflow.config import CommonSettings
-    from onceflow_sink.tables import Change, Outcome
-
-    prefix = f"s{uuid.uuid4().hex[:8]}."
-    client = connect(CommonSettings().redis_url)
-    tables = ResultTables(client, prefix)
-    try:
-        old_token, applied = tables.take_ownership(0)
-        assert applied == -1
-        assert tables.apply(0, old_token, 9, [Change("+", JOB, "k", b"v1")]) is Outcome.APPLIED
-        assert tables.apply(0, old_token, 19, [Change("+", JOB, "k", b"v2"), Change("+", JOB, "gone", b"x")]) is Outcome.APPLIED
-        # A rewound batch (a crash between apply and the consumer's next position) is skipped
-        # whole: replayed, "k" would go back to v1.
-        assert tables.apply(0, old_token, 9, [Change("+", JOB, "k", b"v1")]) is Outcome.STALE
-        assert tables.get(JOB, "k") == b"v2"
-        new_token, applied = tables.take_ownership(0)  # a new owner: read before write
-        assert new_token > old_token and applied == 19
-        assert tables.apply(0, old_token, 29, [Change("-", JOB, "k")]) is Outcome.FENCED
-        assert tables.get(JOB, "k") == b"v2" and tables.rejected(0) == 1
-        assert tables.apply(0, new_token, 29, [Change("-", JOB, "gone")]) is Outcome.APPLIED
-        assert tables.table(JOB) == {b"k": b"v2"}
-    finally:
-        delete_prefix(client, prefix)

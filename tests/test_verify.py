@@ -25,7 +25,10 @@ def verify(*args: str, timeout_s: float) -> tuple[int, dict]:
     return done.returncode, json.loads(done.stdout)
 
 
+@pytest.mark.redis
 def test_a_short_campaign_with_every_fault_kind_holds_exactly_once(infra: None) -> None:
+    """Every kind, the three Redis faults among them, each followed by late re-sends of records
+    from before it; judged on the drained pipeline."""
     code, verdict = verify("--duration", "60s", "--rate", "150", "--fault-every", "7", "--seed", "3", timeout_s=900)
     assert verdict["ok"] and code == 0, verdict
     assert all(verdict["faults_injected"].get(kind, 0) >= 1 for kind in KINDS), verdict["faults_injected"]
@@ -34,6 +37,10 @@ def test_a_short_campaign_with_every_fault_kind_holds_exactly_once(infra: None) 
     assert verdict["lost"] == verdict["duplicated"] == verdict["aborted_reads"] == verdict["hanging_transactions"] == 0
     assert verdict["sink_matches_batch"] and verdict["sink_rows"] > 100
     assert verdict["zombie_exits"]  # a zombie was paused, replaced and resumed
+    assert verdict["undrained"] == [] and verdict["dedup_store_matches_changelog"], verdict
+    assert verdict["late_resends"] > 0 and verdict["faults_injected"]["client_late_resends"] > 0
+    # A rollback or flush of a running pipeline's keys always costs someone a rebuild.
+    assert verdict["redis_repairs"] > 0, verdict
 
 
 def test_a_build_that_commits_offsets_outside_the_transaction_and_reads_aborted_data_fails_verification(infra: None) -> None:
@@ -49,3 +56,17 @@ def test_a_build_that_commits_offsets_outside_the_transaction_and_reads_aborted_
     assert code == 1 and not verdict["ok"], verdict
     assert verdict["lost"] > 0 and not verdict["sink_matches_batch"], verdict
     assert verdict["aborted_reads"] > 0, verdict
+
+
+@pytest.mark.redis
+def test_a_build_that_trusts_redis_fails_verification_after_a_rollback_and_a_flush(infra: None) -> None:
+    """Without the continuity check, a Redis gone back in time passes re-sent records through
+    the gate a second time and leaves rows wrong, and nothing else notices."""
+    code, verdict = verify(
+        "--workload", "keyed-count", "--sabotage", "redis_unchecked", "--faults", "redis-rollback,redis-flush",
+        "--duration", "30s", "--rate", "150", "--fault-every", "5", "--seed", "9", "--settle", "30", timeout_s=600,
+    )
+    assert verdict["faults_injected"].get("redis-rollback", 0) >= 1 and verdict["faults_injected"].get("redis-flush", 0) >= 1
+    assert code == 1 and not verdict["ok"], verdict
+    assert verdict["duplicated"] > 0 and not verdict["sink_matches_batch"], verdict
+    assert not verdict["dedup_store_matches_changelog"] and verdict["redis_repairs"] == 0, verdict

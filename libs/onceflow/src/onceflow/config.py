@@ -27,6 +27,11 @@ class CommonSettings(BaseSettings):
 
     kafka_bootstrap: str = "127.0.0.1:19092"
     redis_url: str = "redis://127.0.0.1:16379/0"
+    # After each write to a Redis store, WAIT until this many replicas have it (0: don't wait).
+    # It narrows what a failover can lose; what it still loses, the stores' continuity check
+    # catches and rebuilds from Kafka (docs/redis.md).
+    redis_wait_replicas: int = Field(default=0, ge=0)
+    redis_wait_timeout_ms: int = Field(default=1000, ge=0)
     # Prepended to every topic name, so several pipelines (or tests) share one broker.
     topic_prefix: str = ""
     # Short, so a killed producer's open transaction stops holding back the last stable offset

@@ -15,7 +15,10 @@ worth testing (see ``POINTS``).
 
 - ``offsets_outside_txn``: the shared loop commits its consumer offsets directly, before the
   transaction's outputs, instead of inside the transaction (a crash between loses the batch);
-- ``read_uncommitted``: the shared loop's consumers read aborted transactions' records too.
+- ``read_uncommitted``: the shared loop's consumers read aborted transactions' records too;
+- ``redis_unchecked``: the Redis stores (the gate's exact ids, the sink's tables) trust Redis
+  blindly: no continuity check on writes or deciding reads, so a Redis that went back in time
+  lets duplicates through and leaves wrong rows.
 
 Never set it outside a test of the checker.
 """
@@ -41,7 +44,7 @@ POINTS = (
 
 ENV = "ONCEFLOW_FAULT"
 SABOTAGE_ENV = "ONCEFLOW_SABOTAGE"
-SABOTAGES = ("offsets_outside_txn", "read_uncommitted")
+SABOTAGES = ("offsets_outside_txn", "read_uncommitted", "redis_unchecked")
 log = logging.getLogger(__name__)
 
 

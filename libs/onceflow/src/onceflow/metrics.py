@@ -29,6 +29,11 @@ LAG = Gauge("onceflow_lag_records", "Records behind the input's high watermark, 
 STAGE_FAILURES = Counter(
     "onceflow_stage_failures_total", "Batches a stage failed on as a whole (retried after a backoff)", ["service"]
 )
+STORE_REPAIRS = Counter(
+    "onceflow_store_repairs_total",
+    "Partition stores (Redis) rebuilt from Kafka after they were found to have lost or rolled back writes",
+    ["service"],
+)
 RESTORED = Counter("onceflow_restored_records_total", "Changelog records applied on restore", ["service"])
 
 

@@ -66,8 +66,9 @@ class JoinMergeStage(KeyedEventTimeMerge[StreamJoin]):
         result_key = self.job.result_key(change.left, change.right, window)
         row = self.job.row(change.left, change.right, window)
         value = result_change(self.job.name, result_key, OPS[change.op], row)
-        # Keyed by join key: a key's changes stay in order on one results partition.
-        batch.emit(self._results_topic, value, key=state_key(self.job.name, join_key))
+        # Keyed by the result row: compute.results is compacted per row (the sink rebuilds a table
+        # from it), and a row's changes stay in order on one results partition.
+        batch.emit(self._results_topic, value, key=state_key(self.job.name, result_key))
 
     def _after_batch(self, batch: Batch, partition: int, reported: set[int]) -> int:
         """Drop the windows the watermark has closed, then persist the changed keys."""

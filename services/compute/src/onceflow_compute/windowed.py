@@ -82,8 +82,10 @@ class WindowedMergeStage(KeyedEventTimeMerge[WindowedAggregation]):
         engine.advance_watermark(self.sources.watermark(partition))
         changes = 0
         for firing in engine.fire(batch.now_ms):
-            kafka_key = state_key(self.job.name, firing.key)
             for result_key, op, row in firing_changes(self.job, firing):
+                # Keyed by the result row: compute.results is compacted per row (the sink rebuilds a
+                # table from it), and a row's changes stay in order on one partition.
+                kafka_key = state_key(self.job.name, result_key)
                 batch.emit(self._results_topic, result_change(self.job.name, result_key, op, row), key=kafka_key)
                 changes += 1
         self._persist(batch, partition, reported)

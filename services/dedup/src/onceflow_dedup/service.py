@@ -10,6 +10,7 @@ from onceflow.admin.loop_controls import LoopControls
 from onceflow.redis_client import connect
 from onceflow.kafka.inspect import partitions_of
 from onceflow.runner import run_loop_service
+from onceflow.state.redis_store import RedisWatch
 from onceflow.txn import TransactionalLoop
 from onceflow.v1 import dedup_pb2, dedup_pb2_grpc
 
@@ -24,6 +25,7 @@ def build(settings: DedupSettings) -> tuple[TransactionalLoop, ServiceServer]:
     client = connect(common.redis_url)
     client.ping()  # fail at startup, with the URL in the error, rather than at the first record
     spec = settings.spec
+    watch = RedisWatch(client)
     gate = DedupGate(common.topic("dedup.records"), settings.ack_mode, settings.rekey, settings.gc_limit)
     input_topic = common.topic("ingest.records")
     loop = TransactionalLoop(
@@ -36,7 +38,8 @@ def build(settings: DedupSettings) -> tuple[TransactionalLoop, ServiceServer]:
         dlq_topic=common.topic("dedup.dlq"),
         changelog_topic=common.topic("dedup.changelog"),
         store_factory=lambda partition: exact.DedupStore(
-            client, common.topic_prefix, partition, spec, use_filters=settings.filters_enabled
+            client, common.topic_prefix, partition, spec, use_filters=settings.filters_enabled, watch=watch,
+            wait_replicas=common.redis_wait_replicas, wait_timeout_ms=common.redis_wait_timeout_ms,
         ),
     )
     assert loop.stores is not None
@@ -50,6 +53,9 @@ def build(settings: DedupSettings) -> tuple[TransactionalLoop, ServiceServer]:
             "passed": float(gate.counts.passed),
             "dropped": float(gate.counts.dropped),
             "filter_buckets": float(sum(len(s.filters.buckets) for _p, s in owned)),  # type: ignore[attr-defined]
+            # Partitions rebuilt from dedup.changelog after Redis lost or rolled back writes.
+            "redis_repairs": float(stores.repairs),
+            "redis_restarts_seen": float(watch.changes),
         }
 
     server = ServiceServer(

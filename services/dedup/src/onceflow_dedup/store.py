@@ -10,11 +10,19 @@ token, and every write carries it. The apply script refuses a write whose token 
 the newest, so an instance that was paused across a takeover (a zombie) cannot touch the store
 its replacement now owns. Refusals are counted in Redis and raise ``FencedError``.
 
+Continuity: Redis may lose or roll back writes (a failover to a lagging replica, the fsync
+window, a flush). So every write and every read the gate decides on states what this owner last
+wrote: its token, the changelog checkpoint and the number of ids. If Redis holds anything else
+the script writes nothing and answers ``diverged``; the store raises ``StoreDiverged`` and the
+loop rebuilds the partition from ``dedup.changelog`` (``reset`` then restore from the start)
+before it decides anything else. A Bloom "maybe" is never settled by a Redis that went back in
+time: the read that settles it is the same checked script.
+
 Redis keys (docs/key-layouts.md), ``{...}`` being a cluster hash tag so one script sees them all:
 
 - ``onceflow:{<prefix>dedup:<p>}:ids``       HASH record_id -> bucket start (ms)
 - ``onceflow:{<prefix>dedup:<p>}:bucket:<b>`` SET of the record_ids filed under bucket b (for GC)
-- ``onceflow:{<prefix>dedup:<p>}:meta``      HASH token, checkpoint, rejected
+- ``onceflow:{<prefix>dedup:<p>}:meta``      HASH token, checkpoint, count (ids held), rejected
 """
 
 from __future__ import annotations
@@ -26,7 +34,10 @@ from dataclasses import dataclass
 
 import redis
 
-from onceflow.redis_client import connect
+from onceflow.state.redis_store import (
+    UNCHECKED, RedisWatch, decode, expect, take_token, unavailable_on_error, wait_for_replicas,
+)
+from onceflow.state.store import StoreDiverged
 from onceflow.txn.errors import FencedError
 
 from onceflow_dedup.buckets import BloomBuckets, BucketSpec
@@ -36,20 +47,37 @@ log = logging.getLogger(__name__)
 # Ids per script call: bounds how long one call blocks Redis.
 APPLY_CHUNK = 2000
 
-# KEYS: meta, ids, bucket key prefix. ARGV: token, checkpoint ('' = keep), then id, bucket
-# pairs ('' bucket = delete). Returns {1, token} when applied, {0, newest token} when refused.
-_APPLY = """
-local meta, ids, bucket_prefix = KEYS[1], KEYS[2], KEYS[3]
+# The check every script starts with. KEYS[1] meta, KEYS[2] ids; ARGV[1] token, ARGV[2] the
+# checkpoint expected ('' none yet; '*' skips the check: the sabotaged build only). Returns
+# early with {'fenced', newest} or {'diverged', newest, checkpoint, count, ids held}.
+_CONTINUITY = """
+local meta, ids = KEYS[1], KEYS[2]
+local mine = tonumber(ARGV[1])
 local newest = tonumber(redis.call('HGET', meta, 'token') or '0')
-if tonumber(ARGV[1]) ~= newest then
+if newest > mine then
   redis.call('HINCRBY', meta, 'rejected', 1)
-  return {0, newest}
+  return {'fenced', newest}
 end
-for i = 3, #ARGV, 2 do
+if ARGV[2] ~= '*' then
+  local checkpoint = redis.call('HGET', meta, 'checkpoint') or ''
+  local count = tonumber(redis.call('HGET', meta, 'count') or '0')
+  local held = redis.call('HLEN', ids)
+  if newest < mine or checkpoint ~= ARGV[2] or held ~= count then
+    return {'diverged', newest, checkpoint, count, held}
+  end
+end
+"""
+
+# ARGV[3]: the new checkpoint ('' keeps it); then id, bucket pairs ('' bucket = delete).
+_APPLY = _CONTINUITY + """
+local bucket_prefix = KEYS[3]
+local added = 0
+for i = 4, #ARGV, 2 do
   local id, bucket = ARGV[i], ARGV[i + 1]
   -- The common case, a new id, costs two commands.
   if bucket ~= '' and redis.call('HSETNX', ids, id, bucket) == 1 then
     redis.call('SADD', bucket_prefix .. bucket, id)
+    added = added + 1
   else
     local old = redis.call('HGET', ids, id)
     if old and old ~= bucket then
@@ -58,18 +86,45 @@ for i = 3, #ARGV, 2 do
       if redis.call('SCARD', old_key) == 0 then redis.call('DEL', old_key) end
     end
     if bucket == '' then
-      if old then redis.call('HDEL', ids, id) end
+      if old then
+        redis.call('HDEL', ids, id)
+        added = added - 1
+      end
     elseif old ~= bucket then
       redis.call('HSET', ids, id, bucket)
       redis.call('SADD', bucket_prefix .. bucket, id)
     end
   end
 end
-if ARGV[2] ~= '' then
-  local checkpoint = tonumber(redis.call('HGET', meta, 'checkpoint') or '-1')
-  if tonumber(ARGV[2]) > checkpoint then redis.call('HSET', meta, 'checkpoint', ARGV[2]) end
+if added ~= 0 then redis.call('HINCRBY', meta, 'count', added) end
+if ARGV[3] ~= '' then redis.call('HSET', meta, 'checkpoint', ARGV[3]) end
+return {'applied', newest}
+"""
+
+# ARGV[3..]: record_ids. Returns {'read', value or false, ...}: what the gate decides on.
+_READ = _CONTINUITY + """
+local found = {'read'}
+for i = 3, #ARGV do
+  found[#found + 1] = redis.call('HGET', ids, ARGV[i])
 end
-return {1, newest}
+return found
+"""
+
+# KEYS[3..]: the partition's bucket sets. Empties the partition and takes a token newer than
+# any this owner saw, unless a newer owner holds it. Returns {'reset', token} or {'fenced', newest}.
+_RESET = """
+local meta, ids = KEYS[1], KEYS[2]
+local mine = tonumber(ARGV[1])
+local newest = tonumber(redis.call('HGET', meta, 'token') or '0')
+if newest > mine then
+  redis.call('HINCRBY', meta, 'rejected', 1)
+  return {'fenced', newest}
+end
+for i = 2, #KEYS do redis.call('DEL', KEYS[i]) end
+local token = string.format('%d', mine + 1)
+redis.call('HSET', meta, 'token', token, 'count', 0)
+redis.call('HDEL', meta, 'checkpoint')
+return {'reset', token}
 """
 
 
@@ -111,27 +166,47 @@ def rejected_writes(client: redis.Redis, topic_prefix: str, partition: int) -> i
 class DedupStore:
     """One partition's exact ids (Redis) and Bloom filters (memory). Built on assignment: takes
     the fencing token, then rebuilds the filters from the ids Redis holds; the loop then
-    catches it up from the changelog past ``checkpoint``."""
+    catches it up from the changelog past ``checkpoint``. Whatever Redis holds at that moment
+    is a consistent prefix of the changelog (each script applies atomically, and replication
+    and the AOF keep script effects whole); from then on every call checks continuity."""
 
     def __init__(
-        self, client: redis.Redis, topic_prefix: str, partition: int, spec: BucketSpec, use_filters: bool = True
+        self,
+        client: redis.Redis,
+        topic_prefix: str,
+        partition: int,
+        spec: BucketSpec,
+        use_filters: bool = True,
+        watch: RedisWatch | None = None,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 1000,
     ) -> None:
         self.partition = partition
         self.use_filters = use_filters
         self.keys = StoreKeys.of(topic_prefix, partition)
         self._redis = client
+        self._watch = watch or RedisWatch(client)
+        self._wait = (wait_replicas, wait_timeout_ms)
         self._apply = client.register_script(_APPLY)
+        self._read = client.register_script(_READ)
+        self._reset = client.register_script(_RESET)
         self.filters = BloomBuckets(spec)
         self.stream_time_ms = 0
-        self.token = int(client.hincrby(self.keys.meta, "token", 1))
-        checkpoint = client.hget(self.keys.meta, "checkpoint")
-        self._checkpoint: int | None = None if checkpoint is None else int(checkpoint)
-        started = time.monotonic()
-        rebuilt = self._rebuild_filters()
+        with unavailable_on_error(self._name):
+            self.token = take_token(client, self.keys.meta)
+            checkpoint = decode(client.hget(self.keys.meta, "checkpoint"))
+            # Not a plain offset: an apply died between chunks; the first check rebuilds it.
+            self._checkpoint: int | None = int(checkpoint) if checkpoint.isdigit() else None
+            started = time.monotonic()
+            rebuilt = self._rebuild_filters()
         log.info(
             "dedup store %d: token %d, checkpoint %s, %d ids into %d filters in %.2fs",
             partition, self.token, self._checkpoint, rebuilt, len(self.filters.buckets), time.monotonic() - started,
         )
+
+    @property
+    def _name(self) -> str:
+        return f"dedup store of partition {self.partition}"
 
     def _rebuild_filters(self) -> int:
         count = 0
@@ -146,6 +221,32 @@ class DedupStore:
             self.filters.add(record_id, bucket)
         if bucket > self.stream_time_ms:
             self.stream_time_ms = bucket
+
+    def _call(
+        self, script: redis.commands.core.Script, args: list[bytes | str | int], keys: list[str] | None = None,
+        landed: str = "",
+    ) -> list:
+        """Run a checked script; its answer, or FencedError / StoreDiverged. ``landed``: the
+        checkpoint this very call sets, found already set when the client retried a call whose
+        reply was lost (the write landed once; that is not a divergence)."""
+        with unavailable_on_error(self._name):
+            answer = script(keys=keys or [self.keys.meta, self.keys.ids], args=args)
+        status = decode(answer[0])
+        if status == "fenced":
+            raise FencedError(
+                f"{self._name}: write refused, token {self.token} is stale (newest {decode(answer[1])}): "
+                "another instance owns this partition now"
+            )
+        if status == "diverged":
+            _, newest, checkpoint, count, held = (decode(v) for v in answer)
+            if landed and checkpoint == landed and newest == str(self.token) and count == held:
+                return ["applied", newest]
+            raise StoreDiverged(
+                self.partition,
+                f"Redis holds token {newest}, checkpoint {checkpoint or 'none'}, {held} ids (its count says {count}); "
+                f"this owner wrote token {self.token}, checkpoint {self._checkpoint}",
+            )
+        return answer
 
     # -- the gate's reads ----------------------------------------------------------------------
 
@@ -165,18 +266,23 @@ class DedupStore:
         stale = []
         horizon = self.filters.spec.horizon_ms
         now_bucket = self.filters.bucket_of(self.stream_time_ms)
-        for key in self._redis.scan_iter(match=f"{self.keys.bucket_prefix}*", count=1000):
+        for key in self._bucket_keys():
             start = int(key.decode().rsplit(":", 1)[1])
             if start + horizon <= now_bucket:
                 stale.append(start)
         return sorted(stale)
 
+    def _bucket_keys(self) -> list[bytes]:
+        with unavailable_on_error(self._name):
+            return list(self._redis.scan_iter(match=f"{self.keys.bucket_prefix}*", count=1000))
+
     def bucket_ids(self, start_ms: int, limit: int) -> list[bytes]:
         ids = []
-        for record_id in self._redis.sscan_iter(self.keys.bucket(start_ms), count=1000):
-            ids.append(record_id)
-            if len(ids) >= limit:
-                break
+        with unavailable_on_error(self._name):
+            for record_id in self._redis.sscan_iter(self.keys.bucket(start_ms), count=1000):
+                ids.append(record_id)
+                if len(ids) >= limit:
+                    break
         return ids
 
     # -- KeyValueStore -------------------------------------------------------------------------
@@ -186,7 +292,9 @@ class DedupStore:
         return self._checkpoint
 
     def get(self, key: bytes) -> bytes | None:
-        return self._redis.hget(self.keys.ids, key)
+        """The exact answer for one id, from a Redis checked to hold everything this owner
+        wrote (StoreDiverged otherwise): what settles a Bloom filter's "maybe"."""
+        return self._call(self._read, [self.token, expect(self._checkpoint), key])[1] or None
 
     def items(self) -> Iterator[tuple[bytes, bytes]]:
         return iter(self._redis.hscan_iter(self.keys.ids, count=5000))
@@ -194,26 +302,49 @@ class DedupStore:
     def __len__(self) -> int:
         return int(self._redis.hlen(self.keys.ids))
 
+    def audit(self) -> None:
+        with unavailable_on_error(self._name):
+            self._watch.changed()
+        self._call(self._read, [self.token, expect(self._checkpoint)])
+
     def apply(self, changes: Mapping[bytes, bytes | None], checkpoint: int | None) -> None:
+        if checkpoint is not None and self._checkpoint is not None and checkpoint < self._checkpoint:
+            checkpoint = None  # the checkpoint never moves back (the changes are already in)
         pairs = list(changes.items())
         chunks = [pairs[i : i + APPLY_CHUNK] for i in range(0, len(pairs), APPLY_CHUNK)] or [[]]
+        keys = [self.keys.meta, self.keys.ids, self.keys.bucket_prefix]
+        expected = expect(self._checkpoint)
         for index, chunk in enumerate(chunks):
             last = index == len(chunks) - 1
-            argv: list[bytes | str | int] = [self.token, checkpoint if last and checkpoint is not None else ""]
+            # Between chunks the checkpoint names the chunk, so a Redis rolled back to the middle
+            # of a transaction's apply is caught too (and a new owner that finds one rebuilds).
+            if checkpoint is None:
+                new = ""
+            else:
+                new = str(checkpoint) if last else f"{checkpoint}~{index}"
+            argv: list[bytes | str | int] = [self.token, expected, new]
             for key, value in chunk:
                 argv += [key, b"" if value is None else value]
-            applied, newest = self._apply(keys=[self.keys.meta, self.keys.ids, self.keys.bucket_prefix], args=argv)
-            if not applied:
-                raise FencedError(
-                    f"dedup store of partition {self.partition}: write refused, token {self.token} "
-                    f"is stale (newest {newest}): another instance owns this partition now"
-                )
+            self._call(self._apply, argv, keys, landed=new)
+            if new and expected != UNCHECKED:
+                expected = new
         for key, value in pairs:
             if value is not None:
                 self._remember(key.decode(), int(value))
-        if checkpoint is not None and (self._checkpoint is None or checkpoint > self._checkpoint):
+        if checkpoint is not None:
             self._checkpoint = checkpoint
+        with unavailable_on_error(self._name):
+            wait_for_replicas(self._redis, *self._wait)
         self.filters.expire(self.stream_time_ms)
+
+    def reset(self) -> None:
+        """Empty this partition in Redis and in memory, with a newer token: a rebuild from the
+        start of the changelog follows. A newer owner's store is never touched (FencedError)."""
+        bucket_keys = [key.decode() for key in self._bucket_keys()]
+        answer = self._call(self._reset, [self.token], [self.keys.meta, self.keys.ids, *bucket_keys])
+        self.token = int(answer[1])
+        self._checkpoint = None
+        self.filters = BloomBuckets(self.filters.spec)
 
     def close(self) -> None:
         """Nothing to release: Redis keeps the ids for whoever owns the partition next."""

@@ -35,8 +35,9 @@ class SinkControls:
             records_out=stats.applied,
             last_error=stats.last_error,
             gauges={
-                "dead_letters": float(stats.dead_letters), "skipped_batches": float(stats.skipped_batches),
-                "acks_lost": float(stats.acks_lost),
+                "dead_letters": float(stats.dead_letters), "acks_lost": float(stats.acks_lost),
+                # Partitions rebuilt from compute.results after Redis lost or rolled back writes.
+                "redis_repairs": float(stats.redis_repairs),
             },
         )
 
@@ -72,6 +73,7 @@ def run(settings: SinkSettings) -> int:
         service_names=(sink_pb2.DESCRIPTOR.services_by_name["Query"].full_name,),
         tls=ServerTLS.from_settings(common),
     )
+    worker.health_listener = server.set_serving
     on_stop_signals(worker.stop)
     metrics.serve(settings.metrics_port, settings.host)
     server.start()

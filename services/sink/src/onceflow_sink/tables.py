@@ -1,10 +1,16 @@
-"""The result tables in Redis and the one script that writes them.
+"""The result tables in Redis and the scripts that write them.
 
-A batch of changes from one compute.results partition is applied by one Lua call that, atomically:
-(1) checks the partition's fencing token (a new owner first takes a higher one: MillWheel's
-"read before write"), (2) skips the batch unless its last offset is above the partition's stored
-offset, (3) applies upserts and retractions, (4) stores the new offset. Redis, not Kafka's
-committed offsets, is the truth about what has been applied.
+A batch of changes from one compute.results partition is applied by one Lua call that,
+atomically: (1) checks the partition's fencing token (a new owner first takes a higher one:
+MillWheel's "read before write"), (2) checks continuity: Redis must hold exactly the offset this
+owner last applied, (3) applies upserts and retractions, (4) stores the new offset.
+
+Redis holds derived state only: compute.results (compacted by job + row key) is the truth. A
+Redis that lost or rolled back writes (a failover to a lagging replica, the fsync window, a
+flush) holds an older offset or none; the script then writes nothing and answers ``diverged``,
+and the worker rebuilds the partition's rows by replaying compute.results from its start
+(``retake`` then apply). Every row key is always in the same partition, so one partition's
+replay rewrites exactly its own rows.
 
 Keys (docs/key-layouts.md); one hash tag for all, so one script may touch every table:
 
@@ -20,21 +26,28 @@ from enum import Enum
 
 import redis
 
-# KEYS: partition meta, table key prefix. ARGV: token, last offset, then op, job, key, value
-# quadruples (op "+" upsert, "-" retract). Returns {status, newest token, stored offset}.
+from onceflow.state.redis_store import decode, expect, take_token, unavailable_on_error
+
+# KEYS: partition meta, table key prefix. ARGV: token, the offset expected in Redis ('' none;
+# '*' skips the check: the sabotaged build only), the new last offset ('' = only check), then
+# op, job, key, value quadruples (op "+" upsert, "-" retract).
+# Returns {status, newest token, stored offset ('' none)}.
 _APPLY = """
 local meta, table_prefix = KEYS[1], KEYS[2]
+local mine = tonumber(ARGV[1])
 local newest = tonumber(redis.call('HGET', meta, 'token') or '0')
-if tonumber(ARGV[1]) ~= newest then
+local stored = redis.call('HGET', meta, 'offset') or ''
+if newest > mine then
   redis.call('HINCRBY', meta, 'rejected', 1)
-  return {'fenced', newest, 0}
+  return {'fenced', newest, stored}
 end
-local stored = tonumber(redis.call('HGET', meta, 'offset') or '-1')
-local last = tonumber(ARGV[2])
-if last <= stored then
-  return {'stale', newest, stored}
+if ARGV[2] ~= '*' and (newest < mine or stored ~= ARGV[2]) then
+  return {'diverged', newest, stored}
 end
-for i = 3, #ARGV, 4 do
+if ARGV[3] == '' then
+  return {'checked', newest, stored}
+end
+for i = 4, #ARGV, 4 do
   local table_key = table_prefix .. ARGV[i + 1]
   if ARGV[i] == '+' then
     redis.call('HSET', table_key, ARGV[i + 2], ARGV[i + 3])
@@ -42,15 +55,40 @@ for i = 3, #ARGV, 4 do
     redis.call('HDEL', table_key, ARGV[i + 2])
   end
 end
-redis.call('HSET', meta, 'offset', last)
-return {'applied', newest, last}
+redis.call('HSET', meta, 'offset', ARGV[3])
+return {'applied', newest, ARGV[3]}
+"""
+
+# A rebuild's first step: a token newer than any this owner saw (unless a newer owner holds
+# the partition) and no offset, so the replay from the start of compute.results is checked too.
+_RETAKE = """
+local meta = KEYS[1]
+local mine = tonumber(ARGV[1])
+local newest = tonumber(redis.call('HGET', meta, 'token') or '0')
+if newest > mine then
+  redis.call('HINCRBY', meta, 'rejected', 1)
+  return {'fenced', newest, ''}
+end
+local token = string.format('%d', mine + 1)
+redis.call('HSET', meta, 'token', token)
+redis.call('HDEL', meta, 'offset')
+return {'retaken', token, ''}
 """
 
 
 class Outcome(str, Enum):
     APPLIED = "applied"
-    STALE = "stale"  # already applied (a replay after a crash): skipped whole
+    CHECKED = "checked"  # a check only: Redis holds what this owner wrote
     FENCED = "fenced"  # a newer owner holds the partition: this instance is a zombie
+    DIVERGED = "diverged"  # Redis lost or rolled back writes: rebuild the partition
+    RETAKEN = "retaken"  # a rebuild may start: newer token, no offset
+
+
+@dataclass(frozen=True)
+class Answer:
+    outcome: Outcome
+    newest_token: int
+    stored: int  # the offset Redis holds, -1 for none
 
 
 @dataclass(frozen=True)
@@ -66,6 +104,7 @@ class ResultTables:
         self._redis = client
         self._base = f"onceflow:{{{topic_prefix}sink}}"
         self._apply = client.register_script(_APPLY)
+        self._retake = client.register_script(_RETAKE)
 
     def table_key(self, job: str) -> str:
         return f"{self._base}:table:{job}"
@@ -75,17 +114,29 @@ class ResultTables:
 
     def take_ownership(self, partition: int) -> tuple[int, int]:
         """A new owner's first step: the next fencing token, and the last applied offset
-        (-1 when none)."""
-        token = int(self._redis.hincrby(self.meta_key(partition), "token", 1))
-        offset = self._redis.hget(self.meta_key(partition), "offset")
+        (-1 when none). Whatever Redis holds then is a consistent prefix of compute.results
+        (each script applies whole), so resuming after it is exact."""
+        with unavailable_on_error(f"sink partition {partition}"):
+            token = take_token(self._redis, self.meta_key(partition))
+            offset = self._redis.hget(self.meta_key(partition), "offset")
         return token, -1 if offset is None else int(offset)
 
-    def apply(self, partition: int, token: int, last_offset: int, changes: Iterable[Change]) -> Outcome:
-        argv: list[str | bytes | int] = [token, last_offset]
+    def apply(self, partition: int, token: int, applied: int, last_offset: int | None, changes: Iterable[Change]) -> Answer:
+        """Apply changes up to ``last_offset`` if Redis holds exactly ``applied`` (-1: nothing);
+        ``last_offset`` None only checks that."""
+        argv: list[str | bytes | int] = [token, expect(None if applied < 0 else applied), "" if last_offset is None else last_offset]
         for change in changes:
             argv += [change.op, change.job, change.key, change.value]
-        status, _newest, _stored = self._apply(keys=[self.meta_key(partition), f"{self._base}:table:"], args=argv)
-        return Outcome(status.decode() if isinstance(status, bytes) else status)
+        return self._run(self._apply, partition, [self.meta_key(partition), f"{self._base}:table:"], argv)
+
+    def retake(self, partition: int, token: int) -> Answer:
+        return self._run(self._retake, partition, [self.meta_key(partition)], [token])
+
+    def _run(self, script: redis.commands.core.Script, partition: int, keys: list[str], argv: list) -> Answer:
+        with unavailable_on_error(f"sink partition {partition}"):
+            status, newest, stored = script(keys=keys, args=argv)
+        text = decode(stored)
+        return Answer(Outcome(decode(status)), int(newest), int(text) if text else -1)
 
     def rejected(self, partition: int) -> int:
         return int(self._redis.hget(self.meta_key(partition), "rejected") or 0)

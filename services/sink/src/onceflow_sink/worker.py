@@ -10,6 +10,13 @@ Per partition batch:
 
 On assignment the partition's position comes from Redis (last applied offset + 1); Kafka's
 committed offset only says which letters were already written.
+
+Redis is a checked cache of compute.results. Each apply states the offset this owner last
+applied, and about once a second an idle partition is checked the same way. When Redis holds
+anything else (it lost or rolled back writes) the partition is rebuilt: a newer token, no
+offset, and a replay of compute.results from its start, which rewrites exactly that
+partition's rows. Redis down or refusing writes (MISCONF) makes the sink NOT_SERVING until it
+answers again; nothing is skipped meanwhile.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
@@ -27,13 +35,14 @@ from onceflow.codec import now_ms
 from onceflow.config import CommonSettings, LoopSettings
 from onceflow.kafka import clients
 from onceflow.kafka.inspect import wait_partition_count
+from onceflow.state.store import StoreUnavailable
 from onceflow.txn.errors import FencedError, IndefiniteOutcome
 from onceflow.txn.loop import EXIT_FENCED, EXIT_OK
 from onceflow.txn.producer import TransactionalProducer, open_producer
 from onceflow.v1.envelope_pb2 import DeadLetter
 from onceflow.v1.results_pb2 import ResultChange
 
-from onceflow_sink.tables import Change, Outcome, ResultTables
+from onceflow_sink.tables import Answer, Change, Outcome, ResultTables
 
 log = logging.getLogger(__name__)
 
@@ -46,17 +55,21 @@ class Ownership:
     applied: int  # last offset applied to Redis, -1 for none
     letters_done: int  # offsets below this already have their dead letters
     lag: int = 0
+    # A rebuild replays offsets up to here: their acks were sent before.
+    replay_until: int = -1
+    rebuild_started: float = 0.0
 
 
 @dataclass
 class SinkStats:
     applied: int = 0
-    skipped_batches: int = 0
     dead_letters: int = 0
     acks_lost: int = 0
     transactions: int = 0
     aborted: int = 0
     last_error: str = ""
+    redis_repairs: int = 0
+    last_repair: str = ""
 
 
 class SinkWorker:
@@ -85,6 +98,10 @@ class SinkWorker:
         self._paused_now = False
         self._idle = threading.Event()
         self._last_lag_sample = 0.0
+        self._next_audit = 0.0
+        self._unavailable = 0  # consecutive StoreUnavailable, for the backoff
+        # Told False while Redis is unavailable, True once it answers again (gRPC health).
+        self.health_listener: Callable[[bool], None] = lambda _serving: None
 
     def stop(self) -> None:
         self._stop.set()
@@ -105,7 +122,16 @@ class SinkWorker:
                 if self._apply_pause():
                     self._consumer.consume(1, 0.1)  # paused: only serves rebalance callbacks
                     continue
-                self._poll_once()
+                try:
+                    self._audit()
+                    self._poll_once()
+                except StoreUnavailable as exc:
+                    self._store_unavailable(exc)
+                    continue
+                if self._unavailable:
+                    log.info("sink: Redis answers again after %d tries", self._unavailable)
+                    self._unavailable = 0
+                    self.health_listener(True)
             self.state = "STOPPED"
             return EXIT_OK
         except FencedError as exc:
@@ -154,6 +180,63 @@ class SinkWorker:
                 self._apply_batch(partition, records)
         self._sample_lag()
 
+    def _store_unavailable(self, exc: StoreUnavailable) -> None:
+        """Back off, unhealthy, and take every partition again from what Redis last confirmed:
+        whether the failed write landed is for the continuity check to say."""
+        self._unavailable += 1
+        self._note(f"Redis unavailable: {exc}")
+        if self._unavailable == 1:
+            self.health_listener(False)
+        for partition in list(self.owned):
+            self._rewind(partition)
+        backoff = min(self._loop.max_retry_backoff_s, self._loop.retry_backoff_s * 2 ** (self._unavailable - 1))
+        self._stop.wait(backoff)
+
+    def _audit(self) -> None:
+        """About once a second, each owned partition: does Redis still hold what was applied?
+        (It can go back in time with no record arriving to notice.)"""
+        now = time.monotonic()
+        if now < self._next_audit:
+            return
+        self._next_audit = now + 1.0
+        for partition, own in list(self.owned.items()):
+            answer = self._tables.apply(partition, own.token, own.applied, None, ())
+            self._check_answer(partition, answer, own.applied)
+
+    def _check_answer(self, partition: int, answer: Answer, wanted: int) -> bool:
+        """True if Redis holds ``wanted`` for this owner; else rebuild (or fence) and False."""
+        own = self.owned[partition]
+        if answer.outcome is Outcome.FENCED:
+            raise FencedError(
+                f"partition {partition}: Redis refused the write, token {own.token} is stale "
+                f"(newest {answer.newest_token}): another sink instance owns this partition now"
+            )
+        if answer.outcome is not Outcome.DIVERGED:
+            return True
+        if answer.newest_token == own.token and answer.stored == wanted:
+            return True  # this very write landed before: its reply was lost and the client retried
+        self._rebuild(
+            partition,
+            f"Redis holds token {answer.newest_token}, offset {answer.stored}; "
+            f"this owner wrote token {own.token}, offset {own.applied}",
+        )
+        return False
+
+    def _rebuild(self, partition: int, reason: str) -> None:
+        own = self.owned[partition]
+        answer = self._tables.retake(partition, own.token)
+        if answer.outcome is Outcome.FENCED:
+            raise FencedError(f"partition {partition}: a newer sink instance owns it (token {answer.newest_token})")
+        self._note(
+            f"partition {partition} diverged ({reason}); replaying compute.results from its start to rebuild its rows"
+        )
+        own.replay_until = max(own.replay_until, own.applied)
+        own.token, own.applied, own.rebuild_started = answer.newest_token, -1, time.monotonic()
+        self.stats.redis_repairs += 1
+        self.stats.last_repair = f"partition {partition}: {reason}"
+        metrics.STORE_REPAIRS.labels("sink").inc()
+        self._rewind(partition)
+
     def _sample_lag(self) -> None:
         """Lag per owned partition from the last fetch's high watermark (no extra request)."""
         now = time.monotonic()
@@ -186,23 +269,23 @@ class SinkWorker:
                     letters.append((record, str(exc)))
                 continue
             changes.append(Change(_OPS[change.op], change.job, change.key, change.value))
-            if change.root_id and change.edge_id:
+            if change.root_id and change.edge_id and record.offset() > own.replay_until:
                 edges.append((change.root_id, change.edge_id))
         if letters and not self._write_letters(partition, letters, last):
             return
         faults.point("before_apply")
-        outcome = self._tables.apply(partition, own.token, last, changes)
-        if outcome is Outcome.FENCED:
-            raise FencedError(
-                f"partition {partition}: Redis refused the write, token {own.token} is stale: "
-                "another sink instance owns this partition now"
-            )
+        answer = self._tables.apply(partition, own.token, own.applied, last, changes)
+        if not self._check_answer(partition, answer, last):
+            return
         own.applied = last
-        if outcome is Outcome.STALE:
-            self.stats.skipped_batches += 1
-        else:
-            self.stats.applied += len(changes)
-            metrics.RECORDS_OUT.labels("sink").inc(len(changes))
+        self.stats.applied += len(changes)
+        metrics.RECORDS_OUT.labels("sink").inc(len(changes))
+        if own.rebuild_started and last >= own.replay_until:
+            log.warning(
+                "sink: partition %d rebuilt through offset %d in %.2fs",
+                partition, last, time.monotonic() - own.rebuild_started,
+            )
+            own.rebuild_started = 0.0
         metrics.RECORDS_IN.labels("sink").inc(len(records))
         metrics.BATCH_RECORDS.labels("sink").observe(len(records))
         metrics.COMMIT_SECONDS.labels("sink").observe(time.monotonic() - started)
@@ -294,13 +377,31 @@ class SinkWorker:
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         committed = consumer.committed(partitions, timeout=10) if partitions else []
         for tp, kafka in zip(partitions, committed, strict=True):
-            token, applied = self._tables.take_ownership(tp.partition)
+            token, applied = self._take_ownership(tp.partition)
             self.owned[tp.partition] = Ownership(token, applied, letters_done=max(kafka.offset, 0))
             # Redis says what was applied; Kafka's committed offset is only a hint.
             tp.offset = applied + 1 if applied >= 0 else OFFSET_BEGINNING
             log.info("sink: partition %d: token %d, resuming after offset %d", tp.partition, token, applied)
         log.info("sink: assigned %s", [p.partition for p in partitions])
         consumer.assign(partitions)
+
+    def _take_ownership(self, partition: int) -> tuple[int, int]:
+        """Retried here, inside the rebalance callback, until Redis answers: an assignment
+        half taken would leave the partition unread."""
+        failures = 0
+        while True:
+            try:
+                ownership = self._tables.take_ownership(partition)
+            except StoreUnavailable as exc:
+                failures += 1
+                self._note(f"Redis unavailable while taking partition {partition}: {exc}")
+                self.health_listener(False)
+                if self._stop.wait(min(self._loop.max_retry_backoff_s, self._loop.retry_backoff_s * 2 ** (failures - 1))):
+                    return -1, -1
+                continue
+            if failures:
+                self.health_listener(True)
+            return ownership
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         log.info("sink: revoked %s", [p.partition for p in partitions])

@@ -51,8 +51,9 @@ def verify(
     json_out: bool = typer.Option(False, "--json", help="Print the verdict as JSON on stdout (the report goes to stderr)."),
     keep: bool = typer.Option(False, help="Keep the run's topics and Redis tables afterwards."),
 ) -> None:
-    """A chaos campaign (kill -9, crashes inside transactions, zombies, broker and Redis restarts,
-    client retries) over the whole pipeline, then the exactly-once checker."""
+    """A chaos campaign (kill -9, crashes inside transactions, zombies, broker restarts, Redis
+    kill -9, rollback and flush, client retries and late re-sends) over the whole pipeline, then
+    the exactly-once checker, on the drained pipeline."""
     console = Console(stderr=json_out)
     try:
         options = campaign.CampaignOptions(
@@ -125,7 +126,14 @@ def _report(console: Console, verdict: Verdict) -> None:
         ("unknown ids", count(verdict.unknown)),
         ("aborted reads", count(verdict.aborted_reads)),
         ("hanging transactions", count(verdict.hanging_transactions)),
+        ("late re-sends (earlier batches, after faults)", f"{verdict.late_resends:,}"),
+        ("Redis stores rebuilt from Kafka", f"{verdict.redis_repairs:,}"),
+        ("drained when judged", "[green]yes[/]" if not verdict.undrained else f"[red]no[/]: {'; '.join(verdict.undrained)}"),
         ("sink matches batch", "[green]yes[/]" if verdict.sink_matches_batch else "[red]no[/]"),
+        (
+            "gate's Redis store matches dedup.changelog",
+            "[green]yes[/]" if verdict.dedup_store_matches_changelog else f"[red]no[/] ({verdict.dedup_store_ids_wrong:,} ids)",
+        ),
     ]:
         table.add_row(name, value)
     console.print(table)

@@ -6,6 +6,22 @@ from collections.abc import Iterator, Mapping
 from typing import Protocol
 
 
+class StoreDiverged(Exception):
+    """A store outside the process no longer holds what this owner last wrote to it (Redis lost
+    or rolled back writes: a failover to a lagging replica, an fsync window, a flush). Nothing
+    it answers can be trusted until it is rebuilt from the changelog."""
+
+    def __init__(self, partition: int, reason: str) -> None:
+        super().__init__(f"store of partition {partition} diverged: {reason}")
+        self.partition = partition
+        self.reason = reason
+
+
+class StoreUnavailable(Exception):
+    """The store cannot be reached or refuses writes (Redis down, MISCONF): retry later. Whether
+    the last write landed is unknown, so the store is checked again before it is trusted."""
+
+
 class KeyValueStore(Protocol):
     """Bytes to bytes, plus the offset of the next changelog record it has not applied."""
 
@@ -19,6 +35,13 @@ class KeyValueStore(Protocol):
 
     def apply(self, changes: Mapping[bytes, bytes | None], checkpoint: int | None) -> None:
         """Apply committed changes (None deletes) and advance the checkpoint."""
+
+    def reset(self) -> None:
+        """Forget everything (and, for a shared store, take a newer ownership token): the start
+        of a rebuild from the changelog's beginning."""
+
+    def audit(self) -> None:
+        """Raise StoreDiverged if the store no longer holds what this owner wrote (cheap)."""
 
     def close(self) -> None: ...
 
@@ -51,6 +74,13 @@ class MemoryStore:
                 self._data[key] = value
         if checkpoint is not None and (self._checkpoint is None or checkpoint > self._checkpoint):
             self._checkpoint = checkpoint
+
+    def reset(self) -> None:
+        self._data.clear()
+        self._checkpoint = None
+
+    def audit(self) -> None:
+        """Process memory cannot go back in time behind our back."""
 
     def close(self) -> None:
         self._data.clear()

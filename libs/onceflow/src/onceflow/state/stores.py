@@ -1,4 +1,6 @@
-"""The stores of the partitions a worker owns, restored from the changelog on assignment."""
+"""The stores of the partitions a worker owns, restored from the changelog on assignment and
+rebuilt from it whenever a store outside the process (Redis) is found to have gone back in time
+(docs/architecture.md, "State: changelog first, store second")."""
 
 from __future__ import annotations
 
@@ -8,11 +10,16 @@ from collections.abc import Callable, Iterable
 
 from confluent_kafka import KafkaError, TopicPartition
 
+from onceflow import metrics
 from onceflow.config import CommonSettings
 from onceflow.kafka import clients
-from onceflow.state.store import KeyValueStore, MemoryStore
+from onceflow.state.store import KeyValueStore, MemoryStore, StoreDiverged, StoreUnavailable
 
 log = logging.getLogger(__name__)
+
+# Rebuilds of one partition in a row before giving up (a store that diverges again while it is
+# being rebuilt is being rolled back or flushed over and over: let the supervisor see it).
+_REBUILD_TRIES = 5
 
 
 class PartitionStores:
@@ -24,13 +31,18 @@ class PartitionStores:
         changelog_topic: str,
         store_factory: Callable[[int], KeyValueStore] = lambda _partition: MemoryStore(),
         restore_timeout_s: float = 120.0,
+        service: str = "",
     ) -> None:
         self._common = common
+        self._service = service or changelog_topic
         self.changelog_topic = changelog_topic
         self._factory = store_factory
         self._restore_timeout_s = restore_timeout_s
         self._stores: dict[int, KeyValueStore] = {}
         self.restored_records = 0
+        # Rebuilds after a divergence, and the last one's reason (Status, metrics, logs).
+        self.repairs = 0
+        self.last_repair = ""
 
     def __getitem__(self, partition: int) -> KeyValueStore:
         return self._stores[partition]
@@ -47,10 +59,62 @@ class PartitionStores:
         return list(self._stores.items())
 
     def assign(self, partitions: Iterable[int]) -> None:
-        new = [p for p in partitions if p not in self._stores]
-        for partition in new:
-            self._stores[partition] = self._factory(partition)
-        self.catch_up(new)
+        """Open and restore the stores of newly owned partitions. Idempotent, so a caller may
+        retry it whole after the store was unavailable half-way."""
+        owned = list(partitions)
+        for partition in owned:
+            if partition not in self._stores:
+                self._stores[partition] = self._factory(partition)
+        self.catch_up(owned)
+
+    def apply_committed(self, partition: int, changes: dict[bytes, bytes | None], checkpoint: int | None) -> None:
+        """A committed transaction's changes into the store, rebuilding it if it diverged (the
+        rebuild replays this transaction too: it is in the changelog)."""
+        try:
+            self._stores[partition].apply(changes, checkpoint)
+        except StoreDiverged as exc:
+            self.repair(exc)
+
+    def audit(self) -> None:
+        """Check every owned store against what was last written to it; rebuild any that
+        diverged. Cheap (one round trip per Redis store), so an idle worker notices a rolled-back
+        Redis within a punctuation interval, not only at its next record."""
+        for store in list(self._stores.values()):
+            try:
+                store.audit()
+            except StoreDiverged as exc:
+                self.repair(exc)
+
+    def repair(self, diverged: StoreDiverged) -> None:
+        """Rebuild one partition's store from the start of its changelog. Until this returns the
+        caller processes nothing (it runs on the loop's thread), so nothing is decided on a store
+        that is not whole."""
+        partition = diverged.partition
+        for attempt in range(1, _REBUILD_TRIES + 1):
+            started = time.monotonic()
+            log.warning(
+                "%s[%d]: %s; rebuilding it from the changelog (attempt %d)",
+                self.changelog_topic, partition, diverged.reason, attempt,
+            )
+            store = self._stores[partition]
+            store.reset()
+            try:
+                applied = self._restore([partition])
+            except StoreDiverged as again:
+                diverged = again
+                time.sleep(min(5.0, 0.2 * 2**attempt))
+                continue
+            self.repairs += 1
+            self.last_repair = f"partition {partition}: {diverged.reason}"
+            metrics.STORE_REPAIRS.labels(self._service).inc()
+            log.warning(
+                "%s[%d]: rebuilt from %d changelog records in %.2fs",
+                self.changelog_topic, partition, applied, time.monotonic() - started,
+            )
+            return
+        raise StoreUnavailable(
+            f"{self.changelog_topic}[{partition}]: still diverging after {_REBUILD_TRIES} rebuilds: {diverged.reason}"
+        )
 
     def revoke(self, partitions: Iterable[int]) -> None:
         for partition in partitions:
@@ -61,10 +125,18 @@ class PartitionStores:
     def catch_up(self, partitions: Iterable[int] | None = None) -> None:
         """Apply committed changelog records past each store's checkpoint, up to the last stable
         offset. Used on assignment, and after an abort or an indefinite commit, when the store
-        may lag a transaction that did commit."""
+        may lag a transaction that did commit. A store found diverged on the way is rebuilt."""
         targets = list(self._stores if partitions is None else partitions)
+        while targets:
+            try:
+                self._restore(targets)
+                return
+            except StoreDiverged as exc:
+                self.repair(exc)  # that partition is whole again; the others resume from their checkpoints
+
+    def _restore(self, targets: list[int]) -> int:
         if not targets:
-            return
+            return 0
         started = time.monotonic()
         reader = clients.reader(self._common)
         try:
@@ -107,5 +179,6 @@ class PartitionStores:
                 targets,
                 time.monotonic() - started,
             )
+            return applied
         finally:
             reader.close()

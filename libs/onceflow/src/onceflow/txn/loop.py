@@ -25,7 +25,7 @@ from onceflow import acks, faults, metrics
 from onceflow.config import CommonSettings, LoopSettings
 from onceflow.kafka import clients
 from onceflow.kafka.inspect import wait_partition_count
-from onceflow.state.store import KeyValueStore, MemoryStore
+from onceflow.state.store import KeyValueStore, MemoryStore, StoreDiverged, StoreUnavailable
 from onceflow.state.stores import PartitionStores
 from onceflow.txn.batch import Batch, Stage
 from onceflow.txn.errors import ConsumerStuck, FencedError, IndefiniteOutcome
@@ -94,7 +94,9 @@ class TransactionalLoop:
         self.group_id = group_id
         self.transactional_id = transactional_id
         self._dlq_topic = dlq_topic
-        self.stores = PartitionStores(common, changelog_topic, store_factory) if changelog_topic else None
+        self.stores = (
+            PartitionStores(common, changelog_topic, store_factory, service=stage.name) if changelog_topic else None
+        )
         self.stats = LoopStats()
         self.state = LoopState.STARTING
         self._stop = threading.Event()
@@ -109,6 +111,7 @@ class TransactionalLoop:
         self._ack_partitions = 1
         self._punctuate: Callable[[Batch], None] | None = getattr(stage, "punctuate", None)
         self._next_punctuation = 0.0
+        self._next_audit = 0.0
         self._batch_bound = settings.min_batch_records or settings.max_batch_records
         self.stats.batch_bound = self._batch_bound
         # Called with False when the stage starts failing whole batches, True once one commits.
@@ -159,6 +162,7 @@ class TransactionalLoop:
         try:
             while not self._stop.is_set():
                 self._apply_pause()
+                self._audit_stores()
                 records = self._poll()
                 punctuate = self._punctuation_due()
                 if records or punctuate:
@@ -224,6 +228,14 @@ class TransactionalLoop:
             if punctuate and self._punctuate is not None:
                 self._punctuate(batch)
             batch.seal()
+        except StoreDiverged as exc:
+            # A read found the store behind what was written to it: nothing this batch decided
+            # can stand. Rebuild that store, then take the batch again from committed offsets.
+            assert self.stores is not None
+            self._note_failure(f"batch dropped: {exc}")
+            self._guard_store(lambda: self.stores.repair(exc))  # type: ignore[union-attr]
+            self._resync()
+            return
         except Exception as exc:  # the stage failed on the whole batch: nothing was produced yet
             self._stage_failed(exc, len(records))
             return
@@ -247,9 +259,12 @@ class TransactionalLoop:
             return
         faults.point("after_commit")
         if self.stores is not None:
+            stores = self.stores
             for partition, overlay in batch.overlays.items():
                 offset = changelog_offsets.get(partition)
-                self.stores[partition].apply(overlay.changes, None if offset is None else offset + 1)
+                checkpoint = None if offset is None else offset + 1
+                # Committed whatever happens here: a store that misses it is caught up later.
+                self._guard_store(lambda: stores.apply_committed(partition, overlay.changes, checkpoint))  # noqa: B023
         for callback in batch.after_commit:
             callback()
         self._count_commit(batch, len(records), started)
@@ -257,6 +272,45 @@ class TransactionalLoop:
             log.info("%s: a batch committed again after %d failed attempts", self.stage.name, self.stats.stage_failures)
             self.stats.stage_failures = 0
             self.health_listener(True)
+
+    def _audit_stores(self) -> None:
+        """About once a second: is every store still what was written to it? (Redis can go back
+        in time with no record arriving to notice.)"""
+        if self.stores is None or self._paused_now:
+            return
+        now = time.monotonic()
+        if now < self._next_audit:
+            return
+        self._next_audit = now + 1.0
+        stores = self.stores
+        self._guard_store(stores.audit)
+
+    def _guard_store(self, operation: Callable[[], None], retry: Callable[[], None] | None = None) -> None:
+        """Run a store operation, retrying with a doubling backoff while the store is unavailable
+        (Redis down, MISCONF); the service is unhealthy meanwhile. Each retry first catches the
+        stores up, whose continuity check decides whether the failed write landed."""
+        failures = 0
+        repairs = self.stores.repairs if self.stores is not None else 0
+        while True:
+            try:
+                operation()
+                break
+            except StoreUnavailable as exc:
+                failures += 1
+                self.stats.last_error = f"store unavailable: {exc}"
+                backoff = min(self._settings.max_retry_backoff_s, self._settings.retry_backoff_s * 2 ** (failures - 1))
+                log.warning("%s: store unavailable (%s); retrying in %.1fs", self.stage.name, exc, backoff)
+                if failures == 1:
+                    self.health_listener(False)
+                if self._stop.wait(backoff):
+                    return
+                assert self.stores is not None
+                operation = retry or self.stores.catch_up
+        if failures:
+            log.info("%s: store available again after %d tries", self.stage.name, failures)
+            self.health_listener(True)
+        if self.stores is not None and self.stores.repairs > repairs:
+            self.stats.last_error = f"store rebuilt from the changelog: {self.stores.last_repair}"
 
     def _stage_failed(self, exc: Exception, count: int) -> None:
         """Retry from the committed offsets after a backoff that doubles per consecutive
@@ -357,7 +411,7 @@ class TransactionalLoop:
                     tp.offset = OFFSET_BEGINNING
                 self._consumer.seek(tp)
         if self.stores is not None:
-            self.stores.catch_up()
+            self._guard_store(self.stores.catch_up)
         if on_rollback := getattr(self.stage, "on_rollback", None):
             on_rollback()
 
@@ -367,7 +421,9 @@ class TransactionalLoop:
         log.info("%s: assigned %s", self.stage.name, [p.partition for p in partitions])
         if self.stores is not None:
             before = self.stores.restored_records
-            self.stores.assign(p.partition for p in partitions)
+            stores, owned = self.stores, [p.partition for p in partitions]
+            assign = lambda: stores.assign(owned)  # noqa: E731 - retried whole: it is idempotent
+            self._guard_store(assign, retry=assign)
             metrics.RESTORED.labels(self.stage.name).inc(self.stores.restored_records - before)
         consumer.assign(partitions)
         if self._paused_now:

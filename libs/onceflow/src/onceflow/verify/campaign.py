@@ -11,6 +11,7 @@ Two workloads, each with a job whose every row shows a lost or doubled record:
 from __future__ import annotations
 
 import logging
+import re
 import tempfile
 import time
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from onceflow.faults import SABOTAGE_ENV, SABOTAGES
 from onceflow.infra import stack
 from onceflow.infra.topics import delete_topics, ensure_topics
 from onceflow.redis_client import connect, delete_prefix
-from onceflow.verify.check import Verdict, check
+from onceflow.verify.check import Verdict, check, undrained
 from onceflow.verify.schedule import KINDS, FaultSchedule
 from onceflow.verify.supervisor import Supervisor
 from onceflow.v1.ingest_pb2 import IngestRecord
@@ -34,6 +35,11 @@ log = logging.getLogger(__name__)
 # Short, so a paused member leaves the group soon and a zombie's replacement takes over quickly.
 SESSION_TIMEOUT_MS = 6_000
 WORKLOADS = ("nexmark", "keyed-count")
+# Batches sent again after each fault, and once more at the end, from those acknowledged before.
+LATE_BATCHES_PER_FAULT = 5
+LATE_BATCHES_AT_END = 20
+# What the gate's and the sink's logs say when they start rebuilding a partition from Kafka.
+REPAIR_LOGGED = re.compile(r"rebuilding it from the changelog|replaying compute.results from its start")
 
 
 @dataclass
@@ -147,6 +153,32 @@ def run(options: CampaignOptions, on_progress: Callable[[Progress], None] = lamb
             delete_prefix(connect(common.redis_url), prefix)
 
 
+def _sink_rows(
+    load: Workload, supervisor: Supervisor, refresh: Callable[[], None], until: Callable[[dict], bool], deadline: float,
+) -> dict[str, dict]:
+    """The sink's table, read through Query until ``until`` holds or the deadline passes."""
+    rows: dict[str, dict] = {}
+    while True:
+        refresh()
+        try:
+            rows = load.sink_table(supervisor.address("sink"))
+            if until(rows):
+                return rows
+        except Exception as exc:  # noqa: BLE001 - a sink restarting right now
+            log.info("sink not answering yet: %s", exc)
+        if time.monotonic() >= deadline:
+            return rows
+        time.sleep(2.0)
+
+
+def _repairs_logged(log_dir: Path) -> int:
+    """Partition stores the services rebuilt from Kafka, counted from every instance's log (an
+    instance killed since took its counters with it)."""
+    return sum(
+        len(REPAIR_LOGGED.findall(path.read_text(errors="replace"))) for path in log_dir.glob("*.log")
+    )
+
+
 def _campaign(
     options: CampaignOptions,
     load: Workload,
@@ -168,8 +200,13 @@ def _campaign(
     senders = Senders(
         supervisor.address("ingest"), records, options.batch, options.clients, options.resend_ratio, options.seed, options.rate
     )
+    def after_fault(text: str) -> None:
+        note(text)
+        senders.resend_earlier(LATE_BATCHES_PER_FAULT)
+
     schedule = FaultSchedule(
-        supervisor, options.faults, options.fault_every_s, options.seed, takeover_s=SESSION_TIMEOUT_MS / 1000 + 2, on_fault=note
+        supervisor, options.faults, options.fault_every_s, options.seed, takeover_s=SESSION_TIMEOUT_MS / 1000 + 2,
+        on_fault=after_fault,
     )
     progress.phase = "sending, with faults"
     senders.start()
@@ -184,6 +221,10 @@ def _campaign(
     while schedule.is_alive():
         refresh()
         schedule.join(0.5)
+    progress.phase = "re-sending earlier batches"
+    on_progress(progress)
+    senders.resend_earlier(LATE_BATCHES_AT_END)
+    senders.join_late()
     if senders.error is not None:
         raise RuntimeError(f"a client gave up: {senders.error}")
     if schedule.error is not None:
@@ -191,6 +232,7 @@ def _campaign(
     injected = dict(schedule.injected)
     injected["client_resends"] = len(senders.sent_again)
     injected["client_transport_retries"] = senders.retries
+    injected["client_late_resends"] = senders.late_resends
     note(f"faults injected: {injected}")
 
     progress.phase = "computing the batch answer (Spark)"
@@ -201,20 +243,25 @@ def _campaign(
 
     progress.phase = "waiting for the sink to converge"
     deadline = time.monotonic() + options.settle_s
-    rows: dict[str, dict] = {}
-    while time.monotonic() < deadline:
+    rows = _sink_rows(load, supervisor, refresh, until=lambda rows: rows == batch_rows, deadline=deadline)
+    # An early match proves little while copies are still in flight: judge a drained pipeline.
+    progress.phase = "waiting for every consumer to read to the end"
+    on_progress(progress)
+    job = load.compute_settings["JOB"]
+    behind = undrained(common, job)
+    while behind and time.monotonic() < deadline:
         refresh()
-        try:
-            rows = load.sink_table(supervisor.address("sink"))
-        except Exception as exc:  # noqa: BLE001 - a sink restarting right now
-            log.info("sink not answering yet: %s", exc)
-        if rows == batch_rows:
-            break
         time.sleep(2.0)
+        behind = undrained(common, job)
+    if behind:
+        note(f"not drained within the settle time: {behind}")
+    rows = _sink_rows(load, supervisor, refresh, until=lambda _rows: True, deadline=time.monotonic() + 60)
 
     progress.phase = "checking every topic"
     on_progress(progress)
-    verdict = check(common, expected, rows, batch_rows, injected)
+    verdict = check(common, expected, rows, batch_rows, injected, still_undrained=behind)
+    verdict.redis_repairs = _repairs_logged(supervisor.log_dir)
+    verdict.late_resends = senders.late_resends
     verdict.zombie_exits = [z.exit_code for z in supervisor.zombies]
     verdict.unexpected_restarts = dict(supervisor.restarts)
     return verdict

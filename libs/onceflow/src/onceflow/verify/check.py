@@ -13,7 +13,11 @@ checks. It reads every topic back after the run and says, per record_id and over
 - **hanging transactions**: a partition of any pipeline topic whose last stable offset stays
   below its high watermark past the transaction timeout;
 - **sink vs batch**: the table the sink serves from Redis equals the same job run by Spark over
-  the generated events as one bounded input;
+  the generated events as one bounded input, judged only on a drained pipeline (``undrained``:
+  every consumer group has read to the end of its input and the sink has applied the last
+  result), so copies still in flight cannot hide behind an early match;
+- **dedup store vs changelog**: the exact ids Redis holds for each partition equal the fold of
+  ``dedup.changelog``, its truth (after Redis lost or rolled back state, they were rebuilt);
 - acker trees completed, dead letters and late records, for the accounting.
 """
 
@@ -27,7 +31,10 @@ from typing import Any
 from onceflow.acks import ACKS_TOPIC, EVENTS_TOPIC
 from onceflow.codec import decode_envelope
 from onceflow.config import CommonSettings
-from onceflow.kafka.inspect import TopicRecord, hanging_transactions, read_committed, read_uncommitted
+from onceflow.kafka.inspect import (
+    TopicRecord, consumed_everything, hanging_transactions, partitions_of, read_committed, read_uncommitted,
+)
+from onceflow.redis_client import connect
 from onceflow.v1.acker_pb2 import AckerBatch, AckerMessage, TreeEvent
 from onceflow.v1.envelope_pb2 import DeadLetter, Envelope
 
@@ -59,6 +66,11 @@ class Verdict:
     records_without_completed_tree: int = 0
     sink_rows: int = 0
     sink_rows_wrong: int = 0
+    dedup_store_matches_changelog: bool = True
+    dedup_store_ids_wrong: int = 0
+    undrained: list[str] = field(default_factory=list)  # what had not read to the end at the check
+    redis_repairs: int = 0  # partition stores rebuilt from Kafka (the services' logs)
+    late_resends: int = 0
     zombie_exits: list[int | None] = field(default_factory=list)
     unexpected_restarts: dict[str, int] = field(default_factory=dict)
     examples: dict[str, list[str]] = field(default_factory=dict)
@@ -67,7 +79,7 @@ class Verdict:
     def ok(self) -> bool:
         return (
             self.lost == self.duplicated == self.aborted_reads == self.hanging_transactions == self.unknown == 0
-            and self.sink_matches_batch
+            and self.sink_matches_batch and self.dedup_store_matches_changelog and not self.undrained
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -105,6 +117,54 @@ def _dead_letter_ids(records: Iterable[TopicRecord]) -> list[str]:
     return ids
 
 
+def undrained(common: CommonSettings, job: str) -> list[str]:
+    """The consumers that have not yet read to the end of their input (empty: drained). The
+    sink's position is the offset Redis says it applied, not a Kafka commit."""
+    from onceflow_sink.tables import ResultTables  # the key layout lives with its service
+
+    prefix, topic = common.topic_prefix, common.topic
+    groups = (
+        ("onceflow-dedup", "ingest.records"), (f"onceflow-compute-{job}-map", "dedup.records"),
+        (f"onceflow-compute-{job}-merge", "compute.partials"), ("onceflow-acker", ACKS_TOPIC),
+    )
+    behind = [f"{prefix}{group} on {name}" for group, name in groups if not consumed_everything(common, prefix + group, topic(name))]
+    if behind:
+        return behind
+    client = connect(common.redis_url)
+    try:
+        tables = ResultTables(client, prefix)
+        results = topic("compute.results")
+        applied = {p: int(client.hget(tables.meta_key(p), "offset") or -1) for p in partitions_of(common, results)}
+    finally:
+        client.close()
+    pending = read_committed(common, results, start={p: offset + 1 for p, offset in applied.items()})
+    return [f"sink: {len(pending)} results not applied"] if pending else []
+
+
+def dedup_store_diff(common: CommonSettings) -> list[str]:
+    """The record_ids where Redis' exact store and the fold of dedup.changelog disagree."""
+    from onceflow_dedup.store import StoreKeys  # the key layout lives with its service
+
+    changelog = common.topic("dedup.changelog")
+    truth: dict[int, dict[bytes, bytes]] = {p: {} for p in partitions_of(common, changelog)}
+    for record in read_committed(common, changelog):
+        if record.key is None:
+            continue
+        if record.value is None:
+            truth[record.partition].pop(record.key, None)
+        else:
+            truth[record.partition][record.key] = record.value
+    client = connect(common.redis_url)
+    try:
+        wrong = []
+        for partition, ids in truth.items():
+            held = dict(client.hscan_iter(StoreKeys.of(common.topic_prefix, partition).ids, count=5000))
+            wrong += [f"{partition}:{k.decode()}" for k in set(ids) | set(held) if ids.get(k) != held.get(k)]
+        return sorted(wrong)
+    finally:
+        client.close()
+
+
 def check(
     common: CommonSettings,
     expected_ids: set[str],
@@ -112,6 +172,7 @@ def check(
     batch_rows: dict[str, dict],
     faults_injected: dict[str, int],
     hanging_wait_s: float = 30.0,
+    still_undrained: list[str] | None = None,
 ) -> Verdict:
     topic = common.topic
     ingest_committed = read_committed(common, topic("ingest.records"))
@@ -144,6 +205,7 @@ def check(
     hanging = hanging_transactions(common, [topic(t) for t in PIPELINE_TOPICS], wait_s=hanging_wait_s)
     wrong = sorted({k for k in batch_rows if sink_rows.get(k) != batch_rows[k]} | (set(sink_rows) - set(batch_rows)))
     ingested = [decode_envelope(r.value) for r in ingest_committed]
+    store_wrong = dedup_store_diff(common)
     return Verdict(
         records=len(expected_ids),
         distinct=len(through_gate),
@@ -163,11 +225,14 @@ def check(
         records_without_completed_tree=len(expected_ids - completed - set(dead)),
         sink_rows=len(sink_rows),
         sink_rows_wrong=len(wrong),
+        dedup_store_matches_changelog=not store_wrong,
+        dedup_store_ids_wrong=len(store_wrong),
+        undrained=list(still_undrained or []),
         examples={
             name: values[:_SHOWN]
             for name, values in {
                 "lost": lost, "duplicated": duplicated, "unknown": unknown, "aborted_reads": read_aborted,
-                "sink_rows_wrong": wrong, "hanging": [f"{t}:{p}" for t, ps in hanging.items() for p in ps],
+                "sink_rows_wrong": wrong, "dedup_store_ids_wrong": store_wrong, "hanging": [f"{t}:{p}" for t, ps in hanging.items() for p in ps],
             }.items()
             if values
         },

@@ -6,8 +6,13 @@ Kinds: ``kill9`` (a random service, restarted on the spot), ``crash_in_txn`` (a 
 on the shared loop is restarted armed to kill -9 itself between producing a transaction's outputs
 and committing it, the gap where a broken protocol loses or doubles data), ``zombie`` (a random service but
 ingest: paused, replaced, resumed), ``broker`` (the Kafka broker restarts, gracefully or by
-SIGKILL in turn), ``redis`` (Redis restarts; its AOF keeps the sink's and the gate's data).
-Client retries are not scheduled: the clients re-send a share of their batches all along."""
+SIGKILL in turn), and what Redis can do to the state it holds (``redis_faults``):
+``redis-kill9`` (SIGKILL of redis-server, then a restart from its AOF), ``redis-rollback``
+(a snapshot of every key of the run, and a few seconds later all of them put back to it
+atomically, as a failover to a lagging replica does) and ``redis-flush`` (every key of the run
+gone). After each fault the campaign re-sends batches from before it (``on_fault``), so a lost
+dedup id shows. Client retries are not scheduled: the clients re-send a share of their batches
+all along."""
 
 from __future__ import annotations
 
@@ -20,11 +25,14 @@ from collections.abc import Callable, Sequence
 
 from onceflow.infra.kafka import KafkaBroker
 from onceflow.infra.redis import RedisServer
+from onceflow.redis_client import connect
+from onceflow.verify import redis_faults
 from onceflow.verify.supervisor import SERVICES, ZOMBIE_SERVICES, Supervisor
 
 log = logging.getLogger(__name__)
 
-KINDS = ("kill9", "crash_in_txn", "zombie", "broker", "redis")
+KINDS = ("kill9", "crash_in_txn", "zombie", "broker", "redis-kill9", "redis-rollback", "redis-flush")
+REDIS_KINDS = tuple(kind for kind in KINDS if kind.startswith("redis-"))
 LOOP_SERVICES = ("acker", "dedup", "compute")
 
 
@@ -89,5 +97,17 @@ class FaultSchedule(threading.Thread):
             self._hard_broker = not self._hard_broker
             KafkaBroker.from_env().restart(hard=self._hard_broker)
             return f"broker restart ({'SIGKILL' if self._hard_broker else 'graceful'}, {time.monotonic() - started:.0f} s)"
-        RedisServer.from_env().restart()
-        return f"redis restart ({time.monotonic() - started:.0f} s)"
+        server = RedisServer.from_env()
+        if kind == "redis-kill9":
+            server.restart(hard=True)
+            return f"redis kill -9 and restart ({time.monotonic() - started:.0f} s)"
+        client = connect(server.url)
+        try:
+            if kind == "redis-flush":
+                return f"redis flush of the run's keys ({redis_faults.flush(client, self.supervisor.prefix)} keys)"
+            saved = redis_faults.snapshot(client, self.supervisor.prefix)
+            time.sleep(max(2.0, self.every_s / 2))  # writes go on meanwhile: these are what is lost
+            replaced = redis_faults.roll_back(client, self.supervisor.prefix, saved)
+            return f"redis rollback of {replaced} keys to a snapshot {time.monotonic() - started:.0f} s old"
+        finally:
+            client.close()

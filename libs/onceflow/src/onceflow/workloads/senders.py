@@ -26,6 +26,7 @@ class Sender(threading.Thread):
         self.sent_again: set[str] = set()
         self.sent_at_ms: list[float] = []  # per batch: when it was first sent (wall clock, for latencies)
         self.acknowledged = 0
+        self.done = 0  # batches fully acknowledged, in order
         self.error: BaseException | None = None
 
     def run(self) -> None:
@@ -42,6 +43,7 @@ class Sender(threading.Thread):
                     self.client.ingest(batch)
                     self.sent_again.update(r.record_id.decode() for r in batch)
                 self.acknowledged += len(batch)
+                self.done += 1
         except BaseException as exc:  # noqa: BLE001 - reported by whoever runs the senders
             self.error = exc
         finally:
@@ -58,10 +60,43 @@ class Senders:
     ) -> None:
         batches = [records[i : i + batch] for i in range(0, len(records), batch)]
         self.senders = [Sender(address, batches[i::clients], resend_ratio, seed + i, rate / clients) for i in range(clients)]
+        self.address = address
+        self.late_resends = 0  # records sent again long after their first send
+        self._late: list[threading.Thread] = []
+        self._late_rng = random.Random(seed ^ 0x5EED)
+        self._late_errors: list[BaseException] = []
 
     def start(self) -> None:
         for sender in self.senders:
             sender.start()
+
+    def resend_earlier(self, batches: int) -> None:
+        """Send again, in the background, ``batches`` batches acknowledged earlier: after a fault
+        that may have lost state (a Redis rollback or flush), a lost dedup id shows only when
+        its record comes again."""
+        done = [batch for sender in self.senders for batch in sender.batches[: sender.done]]
+        picked = self._late_rng.sample(done, min(batches, len(done)))
+        if not picked:
+            return
+
+        def send() -> None:
+            client = IngestClient(self.address)
+            try:
+                for batch in picked:
+                    client.ingest(batch)
+                    self.late_resends += len(batch)
+            except BaseException as exc:  # noqa: BLE001 - reported through error
+                self._late_errors.append(exc)
+            finally:
+                client.close()
+
+        thread = threading.Thread(target=send, name="late-resends", daemon=True)
+        thread.start()
+        self._late.append(thread)
+
+    def join_late(self) -> None:
+        for thread in self._late:
+            thread.join()
 
     def running(self) -> bool:
         return any(s.is_alive() for s in self.senders)
@@ -93,4 +128,4 @@ class Senders:
 
     @property
     def error(self) -> BaseException | None:
-        return next((s.error for s in self.senders if s.error is not None), None)
+        return next((s.error for s in self.senders if s.error is not None), None) or next(iter(self._late_errors), None)

@@ -1,0 +1,109 @@
+"""What every store kept in Redis shares: Redis errors as store errors, the replica wait, and
+the watch on Redis' identity.
+
+Redis holds derived state only; Kafka holds the truth. Each Redis store writes through a Lua
+script that states the position (changelog checkpoint or result offset) its owner expects Redis
+to hold, and refuses with ``diverged`` when Redis holds anything else: the owner then rebuilds
+from Kafka (docs/redis.md, docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import redis
+
+from onceflow import faults
+from onceflow.state.store import StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+# ARGV value that tells a store script not to check continuity: only the sabotaged build
+# (faults.SABOTAGES "redis_unchecked") sends it, to prove verify catches a store that trusts Redis.
+UNCHECKED = "*"
+
+
+def expect(position: int | None) -> str:
+    """The position as the scripts compare it ('' = none yet), or UNCHECKED when sabotaged."""
+    if faults.sabotaged("redis_unchecked"):
+        return UNCHECKED
+    return "" if position is None else str(position)
+
+
+@contextmanager
+def unavailable_on_error(what: str) -> Iterator[None]:
+    """Redis down (after the client's own retries), MISCONF (disk full), READONLY (a replica):
+    nothing was decided, retry later. Script errors and the like stay bugs."""
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise StoreUnavailable(f"{what}: Redis unreachable: {exc}") from exc
+    except redis.ResponseError as exc:
+        message = str(exc)
+        if message.startswith(("MISCONF", "READONLY", "LOADING", "NOREPLICAS", "BUSY", "MASTERDOWN")):
+            raise StoreUnavailable(f"{what}: Redis refused: {message}") from exc
+        raise
+
+
+def decode(value: bytes | str | int | None) -> str:
+    if value is None:
+        return ""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class RedisWatch:
+    """Redis' run_id and replication id, read at most once per ``interval_s``. A change means a
+    restart or a failover. It is logged, so an operator can tie a repair to its cause; whether
+    anything was lost is for the continuity checks to say (a restart that lost nothing a store
+    wrote needs no repair)."""
+
+    def __init__(self, client: redis.Redis, interval_s: float = 1.0) -> None:
+        self._redis = client
+        self._interval_s = interval_s
+        self._next = 0.0
+        self.identity = ""
+        self.changes = 0
+
+    def changed(self) -> bool:
+        now = time.monotonic()
+        if now < self._next:
+            return False
+        self._next = now + self._interval_s
+        info = self._redis.info("server") | self._redis.info("replication")
+        identity = f"run_id {info.get('run_id', '?')}, replid {info.get('master_replid', '?')}"
+        if identity == self.identity:
+            return False
+        if self.identity:
+            self.changes += 1
+            log.warning("Redis restarted or failed over (%s -> %s): auditing every store", self.identity, identity)
+        self.identity = identity
+        return True
+
+
+# A new owner's token: above every token Redis holds, and above the clock in ms, so it stays
+# above every earlier owner's even after Redis lost the tokens themselves (a flush, a rollback).
+# An earlier owner that finds Redis behind then rebuilds with its own token + 1, still below the
+# newest owner's, which fences it at its next write. Owners change a session timeout apart, far
+# more than the skew of the clocks involved.
+_TAKE_TOKEN = """
+local token = math.max(tonumber(redis.call('HGET', KEYS[1], 'token') or '0') + 1, tonumber(ARGV[1]))
+redis.call('HSET', KEYS[1], 'token', string.format('%d', token))
+return string.format('%d', token)
+"""
+
+
+def take_token(client: redis.Redis, meta_key: str) -> int:
+    return int(client.eval(_TAKE_TOKEN, 1, meta_key, int(time.time() * 1000)))
+
+
+def wait_for_replicas(client: redis.Redis, replicas: int, timeout_ms: int) -> None:
+    """WAIT until ``replicas`` replicas have the writes so far (0: don't). A shortfall is logged,
+    not fatal: a write a failover loses is caught by the continuity check and rebuilt."""
+    if replicas <= 0:
+        return
+    acknowledged = int(client.execute_command("WAIT", replicas, timeout_ms))
+    if acknowledged < replicas:
+        log.warning("WAIT: %d of %d replicas acknowledged within %d ms", acknowledged, replicas, timeout_ms)
