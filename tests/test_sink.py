@@ -15,8 +15,10 @@ import grpc
 import pytest
 from confluent_kafka import Producer
 
+from onceflow.admin import fleet
 from onceflow.redis_client import connect, delete_prefix
 from onceflow.txn.loop import EXIT_FENCED
+from onceflow.verify import redis_faults
 from onceflow.v1 import sink_pb2, sink_pb2_grpc
 from onceflow.v1.acker_pb2 import AckerBatch
 from onceflow.v1.envelope_pb2 import DeadLetter
@@ -183,4 +185,45 @@ def test_poison_is_dead_lettered_exactly_once_even_across_a_crash_before_the_app
         capture_output=True, text=True, timeout=30, check=True,
     )
     assert json.loads(cli.stdout) == {"found": True, "value": some_value.decode()}
+    assert proc.terminate() == 0, proc.log_tail()
+
+
+@pytest.mark.fault
+@pytest.mark.redis
+def test_a_redis_that_goes_back_is_rebuilt_and_one_that_refuses_writes_is_waited_for(pipeline: Pipeline) -> None:
+    """Rolled back under the sink: the next check finds it, the partitions are replayed from
+    compute.results and the table is exact again. Refusing writes (NOREPLICAS here, MISCONF on a
+    full disk: the same path): NOT_SERVING with the reason in Status, nothing skipped, serving
+    again once Redis takes writes."""
+    proc, address = sink(pipeline, "a", ONCEFLOW_LOOP_RETRY_BACKOFF_S="0.2", ONCEFLOW_LOOP_MAX_RETRY_BACKOFF_S="1")
+    proc.start()
+    proc.wait_healthy(address)
+    client = connect(pipeline.common.redis_url)
+    endpoint = fleet.Endpoint("sink", address)
+    produce(pipeline, changes(5_000, 800, seed=5))
+    wait_applied(pipeline)
+    saved = redis_faults.snapshot(client, pipeline.common.topic_prefix)
+    produce(pipeline, changes(5_000, 800, seed=6))
+    wait_applied(pipeline)
+    assert redis_faults.roll_back(client, pipeline.common.topic_prefix, saved) > 0
+    assert redis_table(pipeline) != expected_table(pipeline)  # the rollback did lose rows
+    proc.wait_log("replaying compute.results from its start", 30)
+    wait_applied(pipeline)
+    assert redis_table(pipeline) == expected_table(pipeline)
+    assert fleet.query(endpoint, None, 5.0).status.gauges["redis_repairs"] >= 1
+
+    client.config_set("min-replicas-to-write", 1)  # this Redis has no replica: every write is refused
+    try:
+        produce(pipeline, changes(2_000, 800, seed=7))
+
+        def refused() -> bool:
+            status = fleet.query(endpoint, None, 5.0)
+            return status.health == "NOT_SERVING" and "NOREPLICAS" in status.error
+
+        eventually(refused, 60, "the sink to report Redis refusing writes")
+    finally:
+        client.config_set("min-replicas-to-write", 0)
+    wait_applied(pipeline)
+    assert redis_table(pipeline) == expected_table(pipeline)
+    eventually(lambda: fleet.query(endpoint, None, 5.0).health == "SERVING", 30, "the sink to serve again")
     assert proc.terminate() == 0, proc.log_tail()

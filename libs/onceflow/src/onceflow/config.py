@@ -61,6 +61,20 @@ class CommonSettings(BaseSettings):
             raise ValueError("ONCEFLOW_TLS_CLIENT_CA_FILE needs ONCEFLOW_TLS_CERT_FILE and ONCEFLOW_TLS_KEY_FILE")
         return self
 
+    @model_validator(mode="after")
+    def _redis_url_is_usable(self) -> CommonSettings:
+        # A typo in the URL must fail at startup with the reason, not at the first record.
+        scheme = self.redis_url.split("://", 1)[0] if "://" in self.redis_url else ""
+        if scheme == "redis+sentinel":
+            from onceflow.redis_client import parse_sentinel_url
+
+            parse_sentinel_url(self.redis_url)
+        elif scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(
+                f"ONCEFLOW_REDIS_URL {self.redis_url!r}: want redis://, rediss://, unix:// or redis+sentinel://"
+            )
+        return self
+
     def topic(self, name: str) -> str:
         return f"{self.topic_prefix}{name}"
 

@@ -38,6 +38,7 @@ class SinkControls:
                 "dead_letters": float(stats.dead_letters), "acks_lost": float(stats.acks_lost),
                 # Partitions rebuilt from compute.results after Redis lost or rolled back writes.
                 "redis_repairs": float(stats.redis_repairs),
+                "redis_restarts_seen": float(self._worker.redis_restarts_seen),
             },
         )
 

@@ -26,7 +26,7 @@ from enum import Enum
 
 import redis
 
-from onceflow.state.redis_store import decode, expect, take_token, unavailable_on_error
+from onceflow.state.redis_store import RedisWatch, decode, expect, take_token, unavailable_on_error
 
 # KEYS: partition meta, table key prefix. ARGV: token, the offset expected in Redis ('' none;
 # '*' skips the check: the sabotaged build only), the new last offset ('' = only check), then
@@ -105,6 +105,7 @@ class ResultTables:
         self._base = f"onceflow:{{{topic_prefix}sink}}"
         self._apply = client.register_script(_APPLY)
         self._retake = client.register_script(_RETAKE)
+        self.watch = RedisWatch(client)  # restarts and failovers, for the logs and Status
 
     def table_key(self, job: str) -> str:
         return f"{self._base}:table:{job}"
@@ -137,6 +138,10 @@ class ResultTables:
             status, newest, stored = script(keys=keys, args=argv)
         text = decode(stored)
         return Answer(Outcome(decode(status)), int(newest), int(text) if text else -1)
+
+    def watch_identity(self) -> None:
+        with unavailable_on_error("sink"):
+            self.watch.changed()
 
     def rejected(self, partition: int) -> int:
         return int(self._redis.hget(self.meta_key(partition), "rejected") or 0)

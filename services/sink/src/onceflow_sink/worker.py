@@ -146,6 +146,10 @@ class SinkWorker:
                 except Exception:  # noqa: BLE001 - closing after a fence may fail, nothing to save
                     log.debug("consumer close failed", exc_info=True)
 
+    @property
+    def redis_restarts_seen(self) -> int:
+        return self._tables.watch.changes
+
     def wait_idle(self, timeout_s: float) -> bool:
         """After a pause: True once no batch is being applied."""
         return self._idle.wait(timeout_s)
@@ -199,6 +203,7 @@ class SinkWorker:
         if now < self._next_audit:
             return
         self._next_audit = now + 1.0
+        self._tables.watch_identity()
         for partition, own in list(self.owned.items()):
             answer = self._tables.apply(partition, own.token, own.applied, None, ())
             self._check_answer(partition, answer, own.applied)

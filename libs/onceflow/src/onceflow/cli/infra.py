@@ -16,7 +16,8 @@ from onceflow.infra import stack
 from onceflow.infra._proc import InfraError, tail
 from onceflow.infra.kafka import KafkaBroker
 from onceflow.infra.paths import display_path
-from onceflow.infra.redis import RedisServer
+from onceflow.infra.redis import SENTINEL_MASTER, RedisServer
+from onceflow.infra.redis import topology as redis_topology
 from onceflow.infra.topics import ensure_topics, load_specs
 
 app = typer.Typer(no_args_is_help=True, help="Local Kafka (KRaft) and Redis on 127.0.0.1.")
@@ -28,6 +29,11 @@ T = TypeVar("T")
 class Component(enum.StrEnum):
     kafka = "kafka"
     redis = "redis"
+
+
+class RedisTopology(enum.StrEnum):
+    single = "single"
+    sentinel = "sentinel"
 
 
 def _run(what: str, fn: Callable[[], T]) -> T:
@@ -68,9 +74,15 @@ def install() -> None:
 def up(
     timeout: Annotated[float, typer.Option(help="Seconds to wait for each component.")] = 90.0,
     topics: Annotated[bool, typer.Option(help="Create the declared topics.")] = True,
+    redis: Annotated[
+        RedisTopology | None,
+        typer.Option(help="single: one redis-server. sentinel: a primary, a replica and a Sentinel that fails over. Default: ONCEFLOW_REDIS_TOPOLOGY or single."),
+    ] = None,
 ) -> None:
     """Start Kafka and Redis (installing first if needed) and create the topics."""
     t0 = time.monotonic()
+    if redis is not None:
+        os.environ["ONCEFLOW_REDIS_TOPOLOGY"] = redis.value
     if not KafkaBroker.from_env().is_installed():
         install()
     rows = _run("starting Kafka and Redis", lambda: stack.up(timeout=timeout, create_topics=topics))
@@ -78,12 +90,18 @@ def up(
     healthy = all(r.healthy for r in rows)
     if healthy:
         out.print(f"ready in {time.monotonic() - t0:.1f}s", style="dim")
+    sentinel = next((server for server in redis_topology() if server.sentinel_of), None)
+    if sentinel is not None and not CommonSettings().redis_url.startswith("redis+sentinel"):
+        out.print(
+            f"services follow failovers with ONCEFLOW_REDIS_URL=redis+sentinel://127.0.0.1:{sentinel.port}/{SENTINEL_MASTER}/0",
+            highlight=False,
+        )
     raise typer.Exit(0 if healthy else 1)
 
 
 @app.command()
 def down() -> None:
-    """Stop Kafka and Redis (data is kept; delete .onceflow/ to start over)."""
+    """Stop Kafka and every Redis (data is kept; delete .onceflow/ to start over)."""
     stopped = _run("stopping", stack.down)
     out.print(f"stopped {', '.join(stopped)}" if stopped else "nothing was running")
 
@@ -102,12 +120,12 @@ def logs(
     lines: Annotated[int, typer.Option("-n", "--lines", help="Lines to show.")] = 40,
     follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing new lines.")] = False,
 ) -> None:
-    """Show the broker's server.log and/or redis.log."""
+    """Show the broker's server.log and/or the Redis logs (primary, and replica and Sentinel if started)."""
     paths = {
-        Component.kafka: KafkaBroker.from_env().log_path,
-        Component.redis: RedisServer.from_env().log_path,
+        Component.kafka: [KafkaBroker.from_env().log_path],
+        Component.redis: [server.log_path for server in redis_topology()],
     }
-    chosen = [paths[component]] if component else list(paths.values())
+    chosen = paths[component] if component else [path for group in paths.values() for path in group]
     if follow:
         # tail -F copes with log4j2's rollover and files that do not exist yet.
         os.execvp("tail", ["tail", "-n", str(lines), "-F", *map(str, chosen)])

@@ -37,7 +37,9 @@ def verify(
     duration: str = typer.Option("2m", help="How long the clients send and faults are injected (90s, 2m, 30m)."),
     rate: int = typer.Option(300, help="Records per second the clients offer."),
     records: int = typer.Option(0, help="Records to send (default: rate × duration)."),
-    faults: str = typer.Option(",".join(KINDS), help=f"Fault kinds, comma-separated: {', '.join(KINDS)}."),
+    faults: str = typer.Option(
+        "", help=f"Fault kinds, comma-separated: {', '.join(KINDS)}. Default: every kind the stack can take (redis-failover needs --redis sentinel)."
+    ),
     fault_every: float = typer.Option(10.0, help="Seconds between faults."),
     resend_ratio: float = typer.Option(0.05, help="Share of batches a client sends twice (client retries)."),
     clients: int = typer.Option(4, help="Concurrent clients."),

@@ -10,19 +10,30 @@ from pathlib import Path
 from onceflow.infra import _proc
 from onceflow.infra._proc import InfraError
 from onceflow.infra.paths import display_path, infra_dir, runtime_dir
-from onceflow.infra.settings import redis_port
+from onceflow.infra.settings import InfraSettings, redis_port, sentinel_port
+
+# The name Sentinel knows the primary by (the path of a redis+sentinel:// URL).
+SENTINEL_MASTER = "onceflow"
 
 
 @dataclass
 class RedisServer:
-    """One redis-server on 127.0.0.1 with AOF on. All state lives under ``home``."""
+    """One redis-server on 127.0.0.1 with AOF on: a primary, a replica of ``replica_of``, or a
+    Sentinel watching the primary on ``sentinel_of``. All state lives under ``home``."""
 
     port: int
     home: Path
+    replica_of: int | None = None
+    sentinel_of: int | None = None
 
     @classmethod
     def from_env(cls) -> RedisServer:
+        """The primary (as started: after a failover the replica may be primary instead)."""
         return cls(port=redis_port(), home=runtime_dir() / "redis")
+
+    @property
+    def role(self) -> str:
+        return "sentinel" if self.sentinel_of else "replica" if self.replica_of else "primary"
 
     @property
     def url(self) -> str:
@@ -89,6 +100,24 @@ class RedisServer:
         finally:
             client.close()
 
+    def live_role(self) -> str:
+        """What the server says it is now: after a failover the replica is the primary."""
+        import redis as redis_py
+
+        client = redis_py.Redis(host="127.0.0.1", port=self.port, socket_timeout=1.0)
+        try:
+            if self.sentinel_of:
+                host, port = client.sentinel_get_master_addr_by_name(SENTINEL_MASTER)
+                return f"Sentinel; primary {host.decode() if isinstance(host, bytes) else host}:{port}"
+            info = client.info("replication") | client.info("persistence")
+            role = "primary" if info.get("role") == "master" else f"replica of {info.get('master_port', '?')}"
+            replicas = f", {info.get('connected_slaves', 0)} replica(s)" if role == "primary" else ""
+            return f"{role}{replicas}, AOF {'on' if info.get('aof_enabled') else 'off'}"
+        except redis_py.RedisError as exc:
+            return f"role unknown ({exc})"
+        finally:
+            client.close()
+
     def start(self, timeout: float = 30.0) -> bool:
         """Start redis-server (it daemonizes itself) and wait for PING. False if already healthy."""
         with _proc.file_lock(self._lock):
@@ -101,19 +130,11 @@ class RedisServer:
                 raise InfraError(f"port {self.port} is taken by a process onceflow did not start")
             self.ensure_installed()
             self.data_dir.mkdir(parents=True, exist_ok=True)
-            _proc.render(
-                infra_dir() / "redis" / "redis.conf",
-                self.conf_path,
-                {
-                    "port": self.port,
-                    "pid_file": self.pid_file,
-                    "log_file": self.log_path,
-                    "data_dir": self.data_dir,
-                },
-            )
+            self._render_conf()
             self.pid_file.unlink(missing_ok=True)
+            sentinel = ["--sentinel"] if self.sentinel_of else []
             res = subprocess.run(
-                [self.binary() or "redis-server", str(self.conf_path)], capture_output=True, text=True
+                [self.binary() or "redis-server", str(self.conf_path), *sentinel], capture_output=True, text=True
             )
             if res.returncode != 0:
                 why = (res.stdout + res.stderr).strip()
@@ -126,6 +147,20 @@ class RedisServer:
                 f" see {display_path(self.log_path)}"
             )
         return True
+
+    def _render_conf(self) -> None:
+        values: dict[str, object] = {"port": self.port, "pid_file": self.pid_file, "log_file": self.log_path, "data_dir": self.data_dir}
+        if self.sentinel_of:
+            if self.conf_path.exists():
+                return  # Sentinel keeps what it learned (the primary after a failover) in it
+            values |= {"master_name": SENTINEL_MASTER, "primary_port": self.sentinel_of}
+            _proc.render(infra_dir() / "redis" / "sentinel.conf", self.conf_path, values)
+            return
+        # A restarted old primary starts as a primary: Sentinel turns it into a replica of the
+        # new one as soon as it sees it.
+        replication = f"replicaof 127.0.0.1 {self.replica_of}" if self.replica_of else ""
+        values |= {"replication": replication, "appendfsync": InfraSettings().redis_appendfsync}
+        _proc.render(infra_dir() / "redis" / "redis.conf", self.conf_path, values)
 
     def stop(self, timeout: float = 30.0) -> bool:
         """SIGTERM (redis fsyncs the AOF and exits), SIGKILL after ``timeout``. False if not running."""
@@ -155,3 +190,39 @@ class RedisServer:
             else:
                 self._stop(timeout)
             self._start(timeout)
+
+
+def topology(settings: InfraSettings | None = None) -> list[RedisServer]:
+    """The servers ``ONCEFLOW_REDIS_TOPOLOGY`` asks for, in start order: the primary alone, or a
+    primary, its replica (the next port) and one Sentinel."""
+    settings = settings or InfraSettings()
+    primary = RedisServer.from_env()
+    home = runtime_dir()
+    sentinel_set = [
+        primary,
+        RedisServer(port=primary.port + 1, home=home / "redis-replica", replica_of=primary.port),
+        RedisServer(port=sentinel_port(settings), home=home / "redis-sentinel", sentinel_of=primary.port),
+    ]
+    # Started as a sentinel set once, it stays one for status, logs and down.
+    if settings.redis_topology == "sentinel" or sentinel_set[2].is_running():
+        return sentinel_set
+    return [primary]
+
+
+def sentinel_of(servers: list[RedisServer]) -> RedisServer | None:
+    return next((s for s in servers if s.sentinel_of), None)
+
+
+def current_primary(servers: list[RedisServer]) -> RedisServer:
+    """The server that is primary now: the one Sentinel names (after a failover, the replica)."""
+    sentinel = sentinel_of(servers)
+    if sentinel is None:
+        return servers[0]
+    import redis as redis_py
+
+    client = redis_py.Redis(host="127.0.0.1", port=sentinel.port, socket_timeout=2.0)
+    try:
+        _host, port = client.sentinel_get_master_addr_by_name(SENTINEL_MASTER)
+    finally:
+        client.close()
+    return next(s for s in servers if s.port == int(port))

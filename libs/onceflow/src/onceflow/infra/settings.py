@@ -8,6 +8,7 @@ server too and the two cannot drift apart.
 
 from __future__ import annotations
 
+from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -17,6 +18,7 @@ from onceflow.config import CommonSettings
 DEFAULT_KAFKA_PORT = 19092
 DEFAULT_KAFKA_CONTROLLER_PORT = 19093
 DEFAULT_REDIS_PORT = 16379
+SENTINEL_OFFSET = 10_000
 _LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
 
 
@@ -26,6 +28,13 @@ class InfraSettings(BaseSettings):
     kafka_port: int | None = None
     kafka_controller_port: int = DEFAULT_KAFKA_CONTROLLER_PORT
     redis_port: int | None = None
+    # single: one redis-server. sentinel: a primary, a replica on the next port and a Sentinel
+    # (ONCEFLOW_REDIS_SENTINEL_PORT, default the primary's + 10000) that fails over between them;
+    # services then take ONCEFLOW_REDIS_URL=redis+sentinel://127.0.0.1:<sentinel port>/onceflow/0.
+    redis_topology: Literal["single", "sentinel"] = "single"
+    redis_sentinel_port: int | None = None
+    # The AOF's fsync policy: always, everysec (up to ~1 s of writes lost on a machine crash) or no.
+    redis_appendfsync: Literal["always", "everysec", "no"] = "everysec"
     # Seconds `up` waits for each component to answer.
     start_timeout_s: float = 90.0
 
@@ -54,4 +63,21 @@ def redis_port(settings: InfraSettings | None = None) -> int:
     s = settings or InfraSettings()
     if s.redis_port is not None:
         return s.redis_port
-    return port_of(CommonSettings().redis_url, DEFAULT_REDIS_PORT)
+    url = CommonSettings().redis_url
+    if _is_sentinel_url(url):  # the URL names the Sentinel; the primary sits 10000 below it
+        return port_of(url, DEFAULT_REDIS_PORT + SENTINEL_OFFSET) - SENTINEL_OFFSET
+    return port_of(url, DEFAULT_REDIS_PORT)
+
+
+def sentinel_port(settings: InfraSettings | None = None) -> int:
+    s = settings or InfraSettings()
+    if s.redis_sentinel_port is not None:
+        return s.redis_sentinel_port
+    url = CommonSettings().redis_url
+    if _is_sentinel_url(url):
+        return port_of(url, DEFAULT_REDIS_PORT + SENTINEL_OFFSET)
+    return redis_port(s) + SENTINEL_OFFSET
+
+
+def _is_sentinel_url(url: str) -> bool:
+    return url.startswith("redis+sentinel://")

@@ -24,7 +24,7 @@ from onceflow.infra import stack
 from onceflow.infra.topics import delete_topics, ensure_topics
 from onceflow.redis_client import connect, delete_prefix
 from onceflow.verify.check import Verdict, check, undrained
-from onceflow.verify.schedule import KINDS, FaultSchedule
+from onceflow.verify.schedule import KINDS, FaultSchedule, available_kinds
 from onceflow.verify.supervisor import Supervisor
 from onceflow.v1.ingest_pb2 import IngestRecord
 from onceflow.workloads import auctionbids, nexmark, usersum
@@ -47,7 +47,7 @@ class CampaignOptions:
     records: int = 0  # 0: rate × duration
     rate: int = 300  # records/s the clients offer
     duration_s: float = 120.0  # how long faults are injected (the clients' sending time at ``rate``)
-    faults: tuple[str, ...] = KINDS
+    faults: tuple[str, ...] = ()  # (): every kind the stack can take (available_kinds)
     fault_every_s: float = 10.0
     resend_ratio: float = 0.05  # share of batches a client sends twice (a lost reply)
     clients: int = 4
@@ -67,6 +67,13 @@ class CampaignOptions:
             raise ValueError("records, rate, clients, batch and fault-every must be positive")
         if not 0.0 <= self.resend_ratio <= 1.0:
             raise ValueError(f"resend ratio must be in [0, 1], got {self.resend_ratio}")
+        if not self.faults:
+            self.faults = available_kinds()
+        if "redis-failover" in self.faults and "redis-failover" not in available_kinds():
+            raise ValueError(
+                "redis-failover needs the Sentinel topology: ONCEFLOW_REDIS_TOPOLOGY=sentinel and "
+                "ONCEFLOW_REDIS_URL=redis+sentinel://127.0.0.1:<sentinel port>/onceflow/0 (docs/redis.md)"
+            )
         unknown = set(self.faults) - set(KINDS)
         if unknown:
             raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(KINDS)}")

@@ -10,7 +10,8 @@ SIGKILL in turn), and what Redis can do to the state it holds (``redis_faults``)
 ``redis-kill9`` (SIGKILL of redis-server, then a restart from its AOF), ``redis-rollback``
 (a snapshot of every key of the run, and a few seconds later all of them put back to it
 atomically, as a failover to a lagging replica does) and ``redis-flush`` (every key of the run
-gone). After each fault the campaign re-sends batches from before it (``on_fault``), so a lost
+gone), and with the Sentinel topology ``redis-failover`` (kill -9 of the primary, Sentinel
+promotes the replica, the old primary rejoins as a replica). After each fault the campaign re-sends batches from before it (``on_fault``), so a lost
 dedup id shows. Client retries are not scheduled: the clients re-send a share of their batches
 all along."""
 
@@ -24,15 +25,31 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 from onceflow.infra.kafka import KafkaBroker
-from onceflow.infra.redis import RedisServer
+from onceflow.config import CommonSettings
+from onceflow.infra.redis import RedisServer, current_primary, sentinel_of
+from onceflow.infra.redis import topology as redis_topology
 from onceflow.redis_client import connect
 from onceflow.verify import redis_faults
 from onceflow.verify.supervisor import SERVICES, ZOMBIE_SERVICES, Supervisor
 
 log = logging.getLogger(__name__)
 
-KINDS = ("kill9", "crash_in_txn", "zombie", "broker", "redis-kill9", "redis-rollback", "redis-flush")
+KINDS = ("kill9", "crash_in_txn", "zombie", "broker", "redis-kill9", "redis-rollback", "redis-flush", "redis-failover")
 REDIS_KINDS = tuple(kind for kind in KINDS if kind.startswith("redis-"))
+
+
+def available_kinds() -> tuple[str, ...]:
+    """Every kind the running stack can take: a failover needs the Sentinel topology."""
+    if sentinel_of(redis_topology()) is not None:
+        return KINDS
+    return tuple(kind for kind in KINDS if kind != "redis-failover")
+
+
+def _primary_or_none(servers: list[RedisServer]) -> RedisServer | None:
+    try:
+        return current_primary(servers)
+    except Exception:  # noqa: BLE001 - Sentinel answering nothing yet mid-failover
+        return None
 LOOP_SERVICES = ("acker", "dedup", "compute")
 
 
@@ -79,6 +96,21 @@ class FaultSchedule(threading.Thread):
             log.exception("fault schedule failed")
             self.error = exc
 
+    def _failover(self, servers: list[RedisServer], started: float) -> str:
+        """kill -9 of the primary; Sentinel promotes the replica (whatever it had not yet received
+        is lost: replication is asynchronous); the old primary then restarts and Sentinel makes it
+        the new primary's replica."""
+        old = current_primary(servers)
+        old.kill()
+        deadline = time.monotonic() + 60
+        while (new := _primary_or_none(servers)) is None or new.port == old.port:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Sentinel promoted no replica within 60 s of killing the primary {old.port}")
+            time.sleep(0.2)
+        promoted_s = time.monotonic() - started
+        old.start()
+        return f"redis failover: primary {old.port} killed, {new.port} promoted after {promoted_s:.0f} s, {old.port} rejoined"
+
     def _inject(self, kind: str) -> str:
         started = time.monotonic()
         if kind == "kill9":
@@ -97,11 +129,14 @@ class FaultSchedule(threading.Thread):
             self._hard_broker = not self._hard_broker
             KafkaBroker.from_env().restart(hard=self._hard_broker)
             return f"broker restart ({'SIGKILL' if self._hard_broker else 'graceful'}, {time.monotonic() - started:.0f} s)"
-        server = RedisServer.from_env()
+        servers = redis_topology()
         if kind == "redis-kill9":
-            server.restart(hard=True)
-            return f"redis kill -9 and restart ({time.monotonic() - started:.0f} s)"
-        client = connect(server.url)
+            primary = current_primary(servers)
+            primary.restart(hard=True)
+            return f"redis kill -9 of the primary ({primary.port}) and restart ({time.monotonic() - started:.0f} s)"
+        if kind == "redis-failover":
+            return self._failover(servers, started)
+        client = connect(CommonSettings().redis_url)
         try:
             if kind == "redis-flush":
                 return f"redis flush of the run's keys ({redis_faults.flush(client, self.supervisor.prefix)} keys)"
