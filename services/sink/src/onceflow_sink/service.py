@@ -61,7 +61,7 @@ def run(settings: SinkSettings) -> int:
     common = settings.common
     client = connect(common.redis_url)
     client.ping()  # fail at startup, with the URL in the error, rather than at the first batch
-    tables = ResultTables(client, common.topic_prefix)
+    tables = ResultTables(client, common.topic_prefix, common.redis_wait_replicas, common.redis_wait_timeout_ms)
     worker = SinkWorker(common, settings.loop, tables, settings.group_id, settings.transactional_id, settings.acking)
     server = ServiceServer(
         service="sink",

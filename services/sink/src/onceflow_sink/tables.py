@@ -26,7 +26,9 @@ from enum import Enum
 
 import redis
 
-from onceflow.state.redis_store import RedisWatch, decode, expect, take_token, unavailable_on_error
+from onceflow.state.redis_store import (
+    RedisWatch, decode, expect, take_token, unavailable_on_error, wait_for_replicas,
+)
 
 # KEYS: partition meta, table key prefix. ARGV: token, the offset expected in Redis ('' none;
 # '*' skips the check: the sabotaged build only), the new last offset ('' = only check), then
@@ -100,8 +102,9 @@ class Change:
 
 
 class ResultTables:
-    def __init__(self, client: redis.Redis, topic_prefix: str) -> None:
+    def __init__(self, client: redis.Redis, topic_prefix: str, wait_replicas: int = 0, wait_timeout_ms: int = 1000) -> None:
         self._redis = client
+        self._wait = (wait_replicas, wait_timeout_ms)
         self._base = f"onceflow:{{{topic_prefix}sink}}"
         self._apply = client.register_script(_APPLY)
         self._retake = client.register_script(_RETAKE)
@@ -128,7 +131,11 @@ class ResultTables:
         argv: list[str | bytes | int] = [token, expect(None if applied < 0 else applied), "" if last_offset is None else last_offset]
         for change in changes:
             argv += [change.op, change.job, change.key, change.value]
-        return self._run(self._apply, partition, [self.meta_key(partition), f"{self._base}:table:"], argv)
+        answer = self._run(self._apply, partition, [self.meta_key(partition), f"{self._base}:table:"], argv)
+        if answer.outcome is Outcome.APPLIED:
+            with unavailable_on_error(f"sink partition {partition}"):
+                wait_for_replicas(self._redis, *self._wait)
+        return answer
 
     def retake(self, partition: int, token: int) -> Answer:
         return self._run(self._retake, partition, [self.meta_key(partition)], [token])
