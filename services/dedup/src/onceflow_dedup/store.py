@@ -47,10 +47,9 @@ log = logging.getLogger(__name__)
 # Ids per script call: bounds how long one call blocks Redis.
 APPLY_CHUNK = 2000
 
-# The check every script starts with. KEYS[1] meta, KEYS[2] ids; ARGV[1] token, ARGV[2] the
-# checkpoint expected ('' none yet; '*' skips the check: the sabotaged build only). Returns
-# early with {'fenced', newest} or {'diverged', newest, checkpoint, count, ids held}.
-_CONTINUITY = """
+# Fencing, first in every script. KEYS[1] meta, KEYS[2] ids; ARGV[1] this owner's token.
+# Returns early with {'fenced', newest} when a newer owner holds the partition.
+_FENCE = """
 local meta, ids = KEYS[1], KEYS[2]
 local mine = tonumber(ARGV[1])
 local newest = tonumber(redis.call('HGET', meta, 'token') or '0')
@@ -58,6 +57,12 @@ if newest > mine then
   redis.call('HINCRBY', meta, 'rejected', 1)
   return {'fenced', newest}
 end
+"""
+
+# Continuity, next in every script that writes or decides. ARGV[2] the checkpoint expected
+# ('' none yet; '*' skips the check: the sabotaged build only). Returns early with
+# {'diverged', newest, checkpoint, count, ids held}.
+_CONTINUITY = _FENCE + """
 if ARGV[2] ~= '*' then
   local checkpoint = redis.call('HGET', meta, 'checkpoint') or ''
   local count = tonumber(redis.call('HGET', meta, 'count') or '0')
@@ -112,14 +117,7 @@ return found
 
 # KEYS[3..]: the partition's bucket sets. Empties the partition and takes a token newer than
 # any this owner saw, unless a newer owner holds it. Returns {'reset', token} or {'fenced', newest}.
-_RESET = """
-local meta, ids = KEYS[1], KEYS[2]
-local mine = tonumber(ARGV[1])
-local newest = tonumber(redis.call('HGET', meta, 'token') or '0')
-if newest > mine then
-  redis.call('HINCRBY', meta, 'rejected', 1)
-  return {'fenced', newest}
-end
+_RESET = _FENCE + """
 for i = 2, #KEYS do redis.call('DEL', KEYS[i]) end
 local token = string.format('%d', mine + 1)
 redis.call('HSET', meta, 'token', token, 'count', 0)
