@@ -161,3 +161,9 @@ def test_each_service_page_says_how_to_deploy_it_alone(service: str) -> None:
     source = "\n".join(p.read_text() for p in (ROOT / "services" / service / "src").rglob("*.py"))
     in_code = set(re.findall(r'topic\("([a-z]+\.[a-z]+)"\)', source))
     assert in_code <= documented, sorted(in_code - documented)
+
+
+def test_compose_runs_the_kafka_version_everything_else_runs() -> None:
+    pinned = re.search(r"<kafka\.version>([^<]+)</kafka\.version>", (ROOT / "infra" / "kafka" / "pom.xml").read_text())
+    assert pinned is not None
+    assert compose()["kafka"]["image"] == f"apache/kafka:{pinned.group(1)}"

@@ -26,6 +26,12 @@ class CommonSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ONCEFLOW_", extra="ignore")
 
     kafka_bootstrap: str = "127.0.0.1:19092"
+    # librdkafka's metadata recovery. "none" (the default, for the single local broker): keep
+    # reconnecting to the brokers it knows; librdkafka's "rebootstrap" can leave an in-flight
+    # send_offsets_to_transaction blocked past its timeout when the only broker restarts
+    # (librdkafka #5511, #5456). On a cluster whose brokers can all be replaced, "rebootstrap"
+    # lets clients find the cluster again from the bootstrap list.
+    kafka_metadata_recovery: Literal["none", "rebootstrap"] = "none"
     redis_url: str = "redis://127.0.0.1:16379/0"
     # After each write to a Redis store, WAIT until this many replicas have it (0: don't wait).
     # It narrows what a failover can lose; what it still loses, the stores' continuity check

@@ -18,7 +18,7 @@ from onceflow.infra.kafka import KafkaBroker
 from onceflow.infra.paths import display_path
 from onceflow.infra.redis import SENTINEL_MASTER, RedisServer
 from onceflow.infra.redis import topology as redis_topology
-from onceflow.infra.topics import ensure_topics, load_specs
+from onceflow.infra.topics import TopicReplicationError, count_brokers, ensure_topics, load_specs
 
 app = typer.Typer(no_args_is_help=True, help="Local Kafka (KRaft) and Redis on 127.0.0.1.")
 out = Console()
@@ -141,21 +141,30 @@ def topics(
     prefix: Annotated[
         str | None, typer.Option(help="Prepended to each name. Default: ONCEFLOW_TOPIC_PREFIX.")
     ] = None,
+    bootstrap: Annotated[
+        str | None, typer.Option(help="Any cluster's bootstrap list, host:port[,host:port]. Default: ONCEFLOW_KAFKA_BOOTSTRAP.")
+    ] = None,
 ) -> None:
-    """Create the topics declared in infra/topics.toml that do not exist yet."""
-    broker = KafkaBroker.from_env()
-    prefix = CommonSettings().topic_prefix if prefix is None else prefix
-    if not broker.is_healthy():
+    """Create the topics declared in infra/topics.toml that do not exist yet, on any cluster."""
+    common = CommonSettings()
+    prefix = common.topic_prefix if prefix is None else prefix
+    bootstrap = bootstrap or common.kafka_bootstrap
+    brokers = _run(f"asking {bootstrap} for its brokers", lambda: count_brokers(bootstrap))
+    if not brokers:
         err.print(
-            f"[red]error:[/] no broker answers on {broker.bootstrap} (onceflow infra up)",
+            f"[red]error:[/] no broker answers on {bootstrap} (onceflow infra up, or check the address)",
             highlight=False,
             soft_wrap=True,
         )
         raise typer.Exit(1)
     specs = load_specs()
-    created = set(_run("creating topics", lambda: ensure_topics(broker.bootstrap, prefix, specs)))
+    try:
+        created = set(_run("creating topics", lambda: ensure_topics(bootstrap, prefix, specs)))
+    except TopicReplicationError as exc:
+        err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for col in ("topic", "partitions", "policy", ""):
+    for col in ("topic", "partitions", "replicas", "policy", ""):
         table.add_column(col)
     for s in specs:
         name = prefix + s.name
@@ -165,5 +174,9 @@ def topics(
             policy = f"delete {s.retention_ms / 86_400_000:g}d"
         else:
             policy = "delete"
-        table.add_row(name, str(s.partitions), policy, "[green]created[/]" if name in created else "exists")
+        replicas, in_sync = s.replication_for(brokers)
+        table.add_row(
+            name, str(s.partitions), f"{replicas} (min in sync {in_sync})", policy,
+            "[green]created[/]" if name in created else "exists",
+        )
     out.print(table)

@@ -31,11 +31,32 @@ class TopicSpec:
     partitions_of: str | None = None
     key: str = ""
     doc: str = ""
+    # None: decided by the cluster (``replication_for``): 3 replicas where there are 3 brokers.
+    replication_factor: int | None = None
+    min_insync_replicas: int | None = None
 
     def config(self) -> dict[str, str]:
         if self.compacted:
             return dict(CHANGELOG_CONFIG)
         return {"retention.ms": str(self.retention_ms)} if self.retention_ms is not None else {}
+
+    def replication_for(self, brokers: int) -> tuple[int, int]:
+        """(replicas, min.insync.replicas) on a cluster of ``brokers``: as declared, else up to
+        3 replicas with 2 in sync (a committed write survives one broker's loss), and on one
+        broker the only possible 1 and 1."""
+        replicas = self.replication_factor or min(3, brokers)
+        if replicas > brokers:
+            raise TopicReplicationError(
+                f"{self.name} declares {replicas} replicas; the cluster has {brokers} broker(s)"
+            )
+        in_sync = self.min_insync_replicas or max(1, min(2, replicas - 1))
+        if not 1 <= in_sync <= replicas:
+            raise TopicReplicationError(f"{self.name}: min_insync_replicas {in_sync} with {replicas} replicas")
+        return replicas, in_sync
+
+
+class TopicReplicationError(ValueError):
+    """A topic cannot have, or does not have, the replication it declares."""
 
 
 def topics_file() -> Path:
@@ -75,13 +96,24 @@ def load_specs(path: Path | None = None) -> list[TopicSpec]:
                 partitions_of=t.get("partitions_of"),
                 key=t.get("key", ""),
                 doc=t.get("doc", ""),
+                replication_factor=t.get("replication_factor", defaults.get("replication_factor")),
+                min_insync_replicas=t.get("min_insync_replicas", defaults.get("min_insync_replicas")),
             )
         )
     return specs
 
 
 def _admin(bootstrap: str) -> AdminClient:
-    return AdminClient({"bootstrap.servers": bootstrap})
+    # log_level 3: a dead broker named first in the bootstrap list is expected, not worth lines.
+    return AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
+
+
+def count_brokers(bootstrap: str, timeout: float = 10.0) -> int:
+    """How many brokers the cluster at ``bootstrap`` lists (0: none answered)."""
+    try:
+        return len(_admin(bootstrap).list_topics(timeout=timeout).brokers)
+    except KafkaException:
+        return 0
 
 
 def ensure_topics(
@@ -89,18 +121,36 @@ def ensure_topics(
 ) -> list[str]:
     """Create the topics (``prefix`` + name) that do not exist yet; returns the names created.
 
-    Replication factor 1 (one broker). Safe to run concurrently: TOPIC_ALREADY_EXISTS counts as
-    success. Returns once the broker's metadata lists every topic with a leader for every
-    partition, so producers and ListOffsets can use them at once.
+    Replicated as each spec declares, by default as the cluster allows (``replication_for``);
+    a topic that exists with fewer replicas than that is an error, not silently accepted. Safe
+    to run concurrently: TOPIC_ALREADY_EXISTS counts as success. Returns once the metadata
+    lists every topic with a leader for every partition, so producers and ListOffsets can use
+    them at once.
     """
     specs = load_specs() if specs is None else specs
     admin = _admin(bootstrap)
-    existing = set(admin.list_topics(timeout=timeout).topics)
-    new = [
-        NewTopic(prefix + s.name, num_partitions=s.partitions, replication_factor=1, config=s.config())
+    metadata = admin.list_topics(timeout=timeout)
+    brokers = len(metadata.brokers)
+    short = [
+        f"{prefix + s.name} has {len(next(iter(metadata.topics[prefix + s.name].partitions.values())).replicas)} "
+        f"replica(s), declared {s.replication_for(brokers)[0]}"
         for s in specs
-        if prefix + s.name not in existing
+        if prefix + s.name in metadata.topics
+        and metadata.topics[prefix + s.name].partitions
+        and min(len(p.replicas) for p in metadata.topics[prefix + s.name].partitions.values()) < s.replication_for(brokers)[0]
     ]
+    if short:
+        raise TopicReplicationError(
+            "topics exist with fewer replicas than declared (recreate them, or reassign partitions with "
+            "kafka-reassign-partitions): " + "; ".join(short)
+        )
+    new = []
+    for s in specs:
+        if prefix + s.name in metadata.topics:
+            continue
+        replicas, in_sync = s.replication_for(brokers)
+        config = {**s.config(), "min.insync.replicas": str(in_sync)}
+        new.append(NewTopic(prefix + s.name, num_partitions=s.partitions, replication_factor=replicas, config=config))
     created: list[str] = []
     if new:
         for name, fut in admin.create_topics(new, request_timeout=timeout).items():

@@ -15,10 +15,9 @@ from onceflow.config import CommonSettings
 log = logging.getLogger(__name__)
 
 
-# librdkafka's default "rebootstrap" can leave an in-flight send_offsets_to_transaction blocked
-# past its timeout when the only broker restarts (librdkafka #5511, #5456); "none" keeps
-# reconnecting to the known broker, and every call returns or times out.
-_RECOVERY = {"metadata.recovery.strategy": "none"}
+def _recovery(common: CommonSettings) -> dict[str, str]:
+    """ONCEFLOW_KAFKA_METADATA_RECOVERY (docs/decisions/0001-kafka-version.md)."""
+    return {"metadata.recovery.strategy": common.kafka_metadata_recovery}
 
 
 def _log_error(err: Any) -> None:
@@ -37,7 +36,7 @@ def consumer(common: CommonSettings, group_id: str, **overrides: Any) -> Consume
         "auto.offset.reset": "earliest",
         "enable.partition.eof": False,
         "error_cb": _log_error,
-        **_RECOVERY,
+        **_recovery(common),
     }
     config.update(overrides)
     return Consumer(config)
@@ -61,7 +60,7 @@ def transactional_producer(common: CommonSettings, transactional_id: str, **over
         "acks": "all",
         "linger.ms": 5,
         "error_cb": _log_error,
-        **_RECOVERY,
+        **_recovery(common),
     }
     config.update(overrides)
     return Producer(config)
@@ -76,11 +75,11 @@ def idempotent_producer(common: CommonSettings, **overrides: Any) -> Producer:
         "acks": "all",
         "linger.ms": 5,
         "error_cb": _log_error,
-        **_RECOVERY,
+        **_recovery(common),
     }
     config.update(overrides)
     return Producer(config)
 
 
 def admin(common: CommonSettings) -> AdminClient:
-    return AdminClient({"bootstrap.servers": common.kafka_bootstrap, **_RECOVERY})
+    return AdminClient({"bootstrap.servers": common.kafka_bootstrap, **_recovery(common)})
