@@ -15,6 +15,7 @@ from onceflow.config import CommonSettings
 from onceflow.infra import stack
 from onceflow.infra._proc import InfraError, tail
 from onceflow.infra.kafka import KafkaBroker
+from onceflow.infra.kafka import cluster as kafka_cluster
 from onceflow.infra.paths import display_path
 from onceflow.infra.redis import SENTINEL_MASTER, RedisServer
 from onceflow.infra.redis import topology as redis_topology
@@ -74,6 +75,10 @@ def install() -> None:
 def up(
     timeout: Annotated[float, typer.Option(help="Seconds to wait for each component.")] = 90.0,
     topics: Annotated[bool, typer.Option(help="Create the declared topics.")] = True,
+    brokers: Annotated[
+        int | None,
+        typer.Option(help="1: one broker. 3: a KRaft cluster of three nodes. Default: ONCEFLOW_KAFKA_BROKERS or 1."),
+    ] = None,
     redis: Annotated[
         RedisTopology | None,
         typer.Option(help="single: one redis-server. sentinel: a primary, a replica and a Sentinel that fails over. Default: ONCEFLOW_REDIS_TOPOLOGY or single."),
@@ -81,6 +86,10 @@ def up(
 ) -> None:
     """Start Kafka and Redis (installing first if needed) and create the topics."""
     t0 = time.monotonic()
+    if brokers is not None:
+        if brokers not in (1, 3):
+            raise typer.BadParameter("--brokers takes 1 or 3")
+        os.environ["ONCEFLOW_KAFKA_BROKERS"] = str(brokers)
     if redis is not None:
         os.environ["ONCEFLOW_REDIS_TOPOLOGY"] = redis.value
     if not KafkaBroker.from_env().is_installed():
@@ -90,6 +99,10 @@ def up(
     healthy = all(r.healthy for r in rows)
     if healthy:
         out.print(f"ready in {time.monotonic() - t0:.1f}s", style="dim")
+    nodes = kafka_cluster()
+    bootstrap = ",".join(node.bootstrap for node in nodes)
+    if len(nodes) > 1 and CommonSettings().kafka_bootstrap != bootstrap:
+        out.print(f"services reach every node with ONCEFLOW_KAFKA_BOOTSTRAP={bootstrap}", highlight=False)
     sentinel = next((server for server in redis_topology() if server.sentinel_of), None)
     if sentinel is not None and not CommonSettings().redis_url.startswith("redis+sentinel"):
         out.print(
@@ -122,7 +135,7 @@ def logs(
 ) -> None:
     """Show the broker's server.log and/or the Redis logs (primary, and replica and Sentinel if started)."""
     paths = {
-        Component.kafka: [KafkaBroker.from_env().log_path],
+        Component.kafka: [node.log_path for node in kafka_cluster()],
         Component.redis: [server.log_path for server in redis_topology()],
     }
     chosen = paths[component] if component else [path for group in paths.values() for path in group]

@@ -23,6 +23,7 @@ from onceflow.infra.settings import InfraSettings, kafka_port
 log = logging.getLogger(__name__)
 
 _MAIN_CLASS = "kafka.Kafka"
+CLUSTER_SIZE = 3
 # Small heap: a dev broker holds little, and it shares a 2-core box with the services and tests.
 # The G1 flags are those of Kafka's own start script.
 _JVM_OPTS = [
@@ -57,16 +58,26 @@ def _random_cluster_id() -> str:
 
 @dataclass
 class KafkaBroker:
-    """One broker+controller JVM. All state lives under ``home`` (``$ONCEFLOW_HOME/kafka``)."""
+    """One broker+controller JVM. All state lives under ``home`` (``$ONCEFLOW_HOME/kafka``, or a
+    node's folder under ``kafka-cluster/``); the jars under ``libs_home`` (shared by a cluster)."""
 
     port: int
     controller_port: int
     home: Path
+    node_id: int = 1
+    # A cluster's static quorum, "1@host:port,2@host:port,..." ('' = one standalone node).
+    voters: str = ""
+    libs_home: Path | None = None
 
     @classmethod
     def from_env(cls) -> KafkaBroker:
+        """The single broker (a cluster's nodes: ``cluster``)."""
         s = InfraSettings()
         return cls(port=kafka_port(s), controller_port=s.kafka_controller_port, home=runtime_dir() / "kafka")
+
+    @property
+    def name(self) -> str:
+        return f"kafka-{self.node_id}" if self.voters else "kafka"
 
     # -- layout ---------------------------------------------------------------------------
 
@@ -80,7 +91,7 @@ class KafkaBroker:
 
     @property
     def libs_dir(self) -> Path:
-        return self.home / "libs"
+        return (self.libs_home or self.home) / "libs"
 
     @property
     def data_dir(self) -> Path:
@@ -167,11 +178,32 @@ class KafkaBroker:
         return (self.data_dir / "meta.properties").exists()
 
     def _render_props(self) -> Path:
+        if self.voters:
+            quorum, replicas = f"controller.quorum.voters={self.voters}", len(self.voters.split(","))
+        else:
+            quorum, replicas = f"controller.quorum.bootstrap.servers=127.0.0.1:{self.controller_port}", 1
         return _proc.render(
             infra_dir() / "kafka" / "server.properties",
             self.props_path,
-            {"kafka_port": self.port, "controller_port": self.controller_port, "data_dir": self.data_dir},
+            {
+                "kafka_port": self.port, "controller_port": self.controller_port, "data_dir": self.data_dir,
+                "node_id": self.node_id, "quorum": quorum, "replicas": min(3, replicas),
+                "min_isr": max(1, min(2, replicas - 1)),
+            },
         )
+
+    @property
+    def _cluster_id_file(self) -> Path:
+        return self.home.parent / "cluster-id"
+
+    def _cluster_id(self) -> str:
+        """One node alone: a fresh id. A cluster's nodes: the one id, written by the first."""
+        if not self.voters:
+            return _random_cluster_id()
+        with _proc.file_lock(self.home.parent / ".cluster-id.lock"):
+            if not self._cluster_id_file.exists():
+                self._cluster_id_file.write_text(_random_cluster_id() + "\n")
+            return self._cluster_id_file.read_text().strip()
 
     def format(self) -> bool:
         """Format the KRaft storage once (a fresh cluster id); False if already formatted."""
@@ -190,9 +222,9 @@ class KafkaBroker:
             f"{self.libs_dir}/*",
             "kafka.tools.StorageTool",
             "format",
-            "--standalone",
+            *([] if self.voters else ["--standalone"]),  # static voters need no initial controllers
             "-t",
-            _random_cluster_id(),
+            self._cluster_id(),
             "-c",
             str(self.props_path),
         ]
@@ -253,7 +285,7 @@ class KafkaBroker:
             md = admin.list_topics(timeout=timeout)
         except Exception:
             return False
-        return bool(md.brokers)
+        return self.node_id in md.brokers
 
     def start(self, timeout: float = 90.0) -> bool:
         """Install, format and start the broker if needed, then wait until it answers.
@@ -262,6 +294,22 @@ class KafkaBroker:
             return self._start(timeout)
 
     def _start(self, timeout: float) -> bool:
+        pid = self._spawn()
+        if pid is None:
+            return False
+        self._wait_ready(pid, timeout)
+        return True
+
+    def spawn(self) -> int | None:
+        """Start the JVM if it is not running, without waiting for it: a cluster's nodes must all
+        be started before any can elect a controller. The pid, or None if already healthy."""
+        with _proc.file_lock(self._lock):
+            return self._spawn()
+
+    def wait_ready(self, pid: int, timeout: float = 90.0) -> None:
+        self._wait_ready(pid, timeout)
+
+    def _spawn(self) -> int | None:
         pid = self.pid()
         if pid is None:
             if self.is_healthy(timeout=2.0):
@@ -272,7 +320,7 @@ class KafkaBroker:
             if _proc.port_open(self.port) or _proc.port_open(self.controller_port):
                 raise InfraError(f"port {self.port} or {self.controller_port} is taken by another process")
         elif self.is_healthy(timeout=2.0):
-            return False
+            return None
         if pid is None:
             self._install()
             self._format()
@@ -284,6 +332,9 @@ class KafkaBroker:
                 self.out_path.replace(self.out_path.with_suffix(".out.prev"))
             pid = _proc.spawn_detached(cmd, self.out_path, cwd=self.home)
             self.pid_file.write_text(f"{pid}\n")
+        return pid
+
+    def _wait_ready(self, pid: int, timeout: float) -> None:
         started = time.monotonic()
 
         def ready() -> bool:
@@ -295,8 +346,7 @@ class KafkaBroker:
             raise InfraError(
                 self._failure(f"Kafka did not answer on {self.bootstrap} within {timeout:.0f}s (pid {pid})")
             )
-        log.info("kafka up on %s in %.1fs", self.bootstrap, time.monotonic() - started)
-        return True
+        log.info("%s up on %s in %.1fs", self.name, self.bootstrap, time.monotonic() - started)
 
     def _failure(self, what: str) -> str:
         out = _proc.tail(self.out_path, 15)
@@ -329,17 +379,19 @@ class KafkaBroker:
         self._drop_partial_cds()
         return True
 
-    def warm_up(self, timeout: float = 30.0) -> None:
-        """Have the broker create and load __transaction_state and __consumer_offsets now: else
-        the first clients of a fresh cluster wait seconds on COORDINATOR_LOAD_IN_PROGRESS."""
+    def warm_up(self, timeout: float = 30.0, bootstrap: str = "") -> None:
+        """Have the cluster (``bootstrap``, default this broker) create and load
+        __transaction_state and __consumer_offsets now: else the first clients of a fresh
+        cluster wait seconds on COORDINATOR_LOAD_IN_PROGRESS."""
         from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
         from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        bootstrap = bootstrap or self.bootstrap
+        admin = AdminClient({"bootstrap.servers": bootstrap})
         if {"__consumer_offsets", "__transaction_state"} <= set(admin.list_topics(timeout=timeout).topics):
             return
         # log_level 3: the expected "coordinator load in progress" retries are not worth a line.
-        quiet = {"bootstrap.servers": self.bootstrap, "log_level": 3}
+        quiet = {"bootstrap.servers": bootstrap, "log_level": 3}
         producer = Producer({**quiet, "transactional.id": "onceflow-infra-warm-up"})
         producer.init_transactions(timeout)
         # A consumer's offset fetch makes the broker create __consumer_offsets and load its
@@ -367,3 +419,26 @@ class KafkaBroker:
             else:
                 self._stop(timeout=30.0)
             self._start(timeout)
+
+
+def cluster(settings: InfraSettings | None = None) -> list[KafkaBroker]:
+    """The brokers ``ONCEFLOW_KAFKA_BROKERS`` asks for: the single broker, or N combined
+    broker+controller nodes under ``kafka-cluster/`` (node i on the first port + 10 (i - 1), its
+    controller likewise), every node a voter. A cluster once started stays the topology for
+    status and down while any node of it runs."""
+    s = settings or InfraSettings()
+    single = KafkaBroker.from_env()
+    base, controller = kafka_port(s), s.kafka_controller_port
+    home = runtime_dir() / "kafka-cluster"
+    count = CLUSTER_SIZE
+    voters = ",".join(f"{i}@127.0.0.1:{controller + 10 * (i - 1)}" for i in range(1, count + 1))
+    nodes = [
+        KafkaBroker(
+            port=base + 10 * (i - 1), controller_port=controller + 10 * (i - 1), home=home / f"node-{i}",
+            node_id=i, voters=voters, libs_home=single.home,
+        )
+        for i in range(1, count + 1)
+    ]
+    if s.kafka_brokers > 1 or any(node.is_running() for node in nodes):
+        return nodes
+    return [single]

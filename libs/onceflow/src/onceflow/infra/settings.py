@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Literal
 from urllib.parse import urlsplit
 
+from pydantic import field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from onceflow.config import CommonSettings
@@ -27,6 +28,16 @@ class InfraSettings(BaseSettings):
 
     kafka_port: int | None = None
     kafka_controller_port: int = DEFAULT_KAFKA_CONTROLLER_PORT
+    # 1: one broker (the default: demo and most tests). 3: a KRaft cluster of three combined
+    # broker+controller nodes (`onceflow infra up --brokers 3`), topics with 3 replicas, 2 in sync.
+    kafka_brokers: int = 1
+
+    @field_validator("kafka_brokers")
+    @classmethod
+    def _one_or_three(cls, value: int) -> int:
+        if value not in (1, 3):
+            raise ValueError("ONCEFLOW_KAFKA_BROKERS takes 1 (one broker) or 3 (a cluster)")
+        return value
     redis_port: int | None = None
     # single: one redis-server. sentinel: a primary, a replica on the next port and a Sentinel
     # (ONCEFLOW_REDIS_SENTINEL_PORT, default the primary's + 10000) that fails over between them;

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from onceflow.config import CommonSettings
 from onceflow.infra.kafka import KafkaBroker
+from onceflow.infra.kafka import cluster as kafka_cluster
 from onceflow.infra.paths import display_path
 from onceflow.infra.redis import RedisServer
 from onceflow.infra.redis import topology as redis_topology
@@ -31,20 +32,24 @@ def up(timeout: float | None = None, create_topics: bool = True) -> list[Compone
     """Start whatever is not running, wait until it answers, create the declared topics (with
     ONCEFLOW_TOPIC_PREFIX). Idempotent: on a healthy stack it only checks, in well under a second."""
     timeout = timeout if timeout is not None else InfraSettings().start_timeout_s
-    broker, servers = KafkaBroker.from_env(), redis_topology()
+    brokers, servers = kafka_cluster(), redis_topology()
     for server in servers:
         server.start(timeout)
-    broker.start(timeout)
-    broker.warm_up(timeout)
+    # Every node first, then the waits: a cluster's controller needs a majority of its voters.
+    spawned = [(broker, broker.spawn()) for broker in brokers]
+    for broker, pid in spawned:
+        if pid is not None:
+            broker.wait_ready(pid, timeout)
+    bootstrap = ",".join(broker.bootstrap for broker in brokers)
+    brokers[0].warm_up(timeout, bootstrap)
     if create_topics:
-        ensure_topics(broker.bootstrap, CommonSettings().topic_prefix)
-    return status(broker)
+        ensure_topics(bootstrap, CommonSettings().topic_prefix)
+    return status(brokers)
 
 
 def down() -> list[str]:
     """Stop everything (cleanly, SIGKILL after a timeout); returns the names of those that ran."""
-    broker = KafkaBroker.from_env()
-    stopped = ["kafka"] if broker.stop() else []
+    stopped = [broker.name for broker in kafka_cluster() if broker.stop()]
     # Every Redis role, whatever the topology says now: one started as sentinel stays stoppable.
     for server in reversed(redis_topology(InfraSettings(redis_topology="sentinel"))):
         if server.stop():
@@ -52,10 +57,39 @@ def down() -> list[str]:
     return stopped
 
 
-def status(broker: KafkaBroker | None = None) -> list[ComponentStatus]:
-    broker = broker or KafkaBroker.from_env()
+def status(brokers: list[KafkaBroker] | None = None) -> list[ComponentStatus]:
+    brokers = brokers or kafka_cluster()
     common = CommonSettings()
-    return [_kafka_status(broker, common), *(_redis_status(server, common) for server in redis_topology())]
+    kafka = [_kafka_status(broker, common) for broker in brokers]
+    if len(brokers) > 1:
+        kafka = _with_cluster_health(kafka, brokers)
+    return [*kafka, *(_redis_status(server, common) for server in redis_topology())]
+
+
+def _with_cluster_health(rows: list[ComponentStatus], brokers: list[KafkaBroker]) -> list[ComponentStatus]:
+    """Each node's role (the active controller among the voters) and, on the first row, the
+    partitions that are under-replicated or offline: what a cluster operator looks at first."""
+    from confluent_kafka.admin import AdminClient
+
+    live = [broker.bootstrap for broker, row in zip(brokers, rows, strict=True) if row.healthy]
+    if not live:
+        return rows
+    admin = AdminClient({"bootstrap.servers": ",".join(live), "log_level": 3})
+    try:
+        controller = admin.describe_cluster(request_timeout=5).result(timeout=10).controller
+        topics = admin.list_topics(timeout=10).topics
+    except Exception as exc:  # noqa: BLE001 - a cluster mid-election: say so, do not fail status
+        return [replace(rows[0], detail=f"{rows[0].detail}; cluster unanswered: {exc}"), *rows[1:]]
+    partitions = [p for t in topics.values() for p in t.partitions.values()]
+    under = sum(1 for p in partitions if len(p.isrs) < len(p.replicas))
+    offline = sum(1 for p in partitions if p.leader < 0)
+    out = []
+    for broker, row in zip(brokers, rows, strict=True):
+        role = "active controller" if controller is not None and controller.id == broker.node_id else "voter"
+        out.append(replace(row, detail=f"node {broker.node_id}, {role}; {row.detail}"))
+    summary = f"{len(partitions)} partitions, {under} under-replicated, {offline} offline"
+    out[0] = replace(out[0], detail=f"{out[0].detail}; {summary}")
+    return out
 
 
 def _redis_name(server: RedisServer) -> str:
@@ -73,9 +107,9 @@ def _kafka_status(broker: KafkaBroker, common: CommonSettings) -> ComponentStatu
         detail = "not installed (onceflow infra install)"
     else:
         detail = "stopped"
-    if port_of(common.kafka_bootstrap.split(",")[0].strip(), -1) != broker.port:
+    if broker.port not in {port_of(address.strip(), -1) for address in common.kafka_bootstrap.split(",")}:
         detail += f"; clients use ONCEFLOW_KAFKA_BOOTSTRAP={common.kafka_bootstrap}"
-    return ComponentStatus("kafka", healthy, broker.bootstrap, pid, detail)
+    return ComponentStatus(broker.name, healthy, broker.bootstrap, pid, detail)
 
 
 def _redis_status(redis: RedisServer, common: CommonSettings) -> ComponentStatus:

@@ -5,8 +5,8 @@ campaign still injects every kind), the rest are drawn at random.
 Kinds: ``kill9`` (a random service, restarted on the spot), ``crash_in_txn`` (a random service
 on the shared loop is restarted armed to kill -9 itself between producing a transaction's outputs
 and committing it, the gap where a broken protocol loses or doubles data), ``zombie`` (a random service but
-ingest: paused, replaced, resumed), ``broker`` (the Kafka broker restarts, gracefully or by
-SIGKILL in turn), and what Redis can do to the state it holds (``redis_faults``):
+ingest: paused, replaced, resumed), ``broker`` (the Kafka broker, or one node of a cluster,
+restarts, gracefully or by SIGKILL in turn), and what Redis can do to the state it holds (``redis_faults``):
 ``redis-kill9`` (SIGKILL of redis-server, then a restart from its AOF), ``redis-rollback``
 (a snapshot of every key of the run, and a few seconds later all of them put back to it
 atomically, as a failover to a lagging replica does) and ``redis-flush`` (every key of the run
@@ -24,7 +24,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from onceflow.infra.kafka import KafkaBroker
+from onceflow.infra.kafka import cluster as kafka_cluster
 from onceflow.config import CommonSettings
 from onceflow.infra.redis import RedisServer, current_primary, sentinel_of
 from onceflow.infra.redis import topology as redis_topology
@@ -127,8 +127,10 @@ class FaultSchedule(threading.Thread):
             return f"zombie {name}: replaced, resumed, exited {outcome.exit_code} ({time.monotonic() - started:.0f} s)"
         if kind == "broker":
             self._hard_broker = not self._hard_broker
-            KafkaBroker.from_env().restart(hard=self._hard_broker)
-            return f"broker restart ({'SIGKILL' if self._hard_broker else 'graceful'}, {time.monotonic() - started:.0f} s)"
+            node = self.rng.choice(kafka_cluster())  # on a cluster: one node, the leader of some partitions
+            node.restart(hard=self._hard_broker)
+            how = "SIGKILL" if self._hard_broker else "graceful"
+            return f"{node.name} restart ({how}, {time.monotonic() - started:.0f} s)"
         servers = redis_topology()
         if kind == "redis-kill9":
             primary = current_primary(servers)
