@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from onceflow.config import CommonSettings
@@ -49,7 +50,11 @@ def up(timeout: float | None = None, create_topics: bool = True) -> list[Compone
 
 def down() -> list[str]:
     """Stop everything (cleanly, SIGKILL after a timeout); returns the names of those that ran."""
-    stopped = [broker.name for broker in kafka_cluster() if broker.stop()]
+    # A cluster's nodes all at once: stopped one by one, the last ones lose their controller
+    # quorum and hang in controlled shutdown until killed.
+    brokers = kafka_cluster()
+    with ThreadPoolExecutor(max_workers=len(brokers)) as pool:
+        stopped = [broker.name for broker, ran in zip(brokers, pool.map(lambda b: b.stop(), brokers)) if ran]
     # Every Redis role, whatever the topology says now: one started as sentinel stays stoppable.
     for server in reversed(redis_topology(InfraSettings(redis_topology="sentinel"))):
         if server.stop():
