@@ -69,7 +69,7 @@ def test_three_brokers_hold_exactly_once_through_node_kills_and_restarts(tmp_pat
         assert done.stdout.strip(), done.stderr[-5000:]
         verdict = json.loads(done.stdout)
         assert verdict["faults_injected"].get("broker", 0) >= 2, verdict["faults_injected"]
-        assert done.returncode == 0 and verdict["ok"], verdict
+        assert done.returncode == 0 and verdict["ok"], json.dumps(verdict)
         assert verdict["lost"] == verdict["duplicated"] == verdict["aborted_reads"] == verdict["hanging_transactions"] == 0
         assert verdict["sink_matches_batch"] and verdict["undrained"] == [], verdict
     finally:

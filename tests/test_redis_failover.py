@@ -53,7 +53,7 @@ def test_a_sentinel_failover_and_a_rollback_under_load_hold_exactly_once(tmp_pat
         assert done.stdout.strip(), done.stderr[-5000:]
         verdict = json.loads(done.stdout)
         assert verdict["faults_injected"].get("redis-failover", 0) >= 1, verdict["faults_injected"]
-        assert done.returncode == 0 and verdict["ok"], verdict
+        assert done.returncode == 0 and verdict["ok"], json.dumps(verdict)
         assert verdict["lost"] == verdict["duplicated"] == 0 and verdict["sink_matches_batch"], verdict
         assert verdict["dedup_store_matches_changelog"] and verdict["undrained"] == [], verdict
         assert verdict["redis_repairs"] > 0 and verdict["late_resends"] > 0, verdict

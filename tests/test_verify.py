@@ -30,7 +30,7 @@ def test_a_short_campaign_with_every_fault_kind_holds_exactly_once(infra: None) 
     """Every kind, the three Redis faults among them, each followed by late re-sends of records
     from before it; judged on the drained pipeline."""
     code, verdict = verify("--duration", "60s", "--rate", "150", "--fault-every", "7", "--seed", "3", timeout_s=900)
-    assert verdict["ok"] and code == 0, verdict
+    assert verdict["ok"] and code == 0, json.dumps(verdict)
     assert all(verdict["faults_injected"].get(kind, 0) >= 1 for kind in available_kinds()), verdict["faults_injected"]
     assert verdict["faults_injected"]["client_resends"] > 0
     assert verdict["records"] == 60 * 150 and verdict["distinct"] == verdict["records"]
