@@ -29,6 +29,7 @@ from onceflow.infra import stack
 from onceflow.infra.topics import delete_topics, ensure_topics
 from onceflow.process import ServiceProcess, free_port
 from onceflow.redis_client import connect, delete_prefix
+from onceflow.state.redis_store import UNCHECKED, expect
 from onceflow.v1.results_pb2 import ResultChange
 from onceflow_sink.tables import Change, Outcome, ResultTables
 
@@ -66,6 +67,8 @@ def _exactly_once(tables: ResultTables, batches: list[list[Change]], checked: bo
     saved = faults._sabotages
     faults._sabotages = saved if checked else frozenset({"redis_unchecked"})
     try:
+        # A guard: the comparison means something only if the patch reaches the script's argument.
+        assert (expect(0) == UNCHECKED) is not checked, "the sabotage patch did not reach expect()"
         started = time.perf_counter()
         for batch in batches:
             last = applied + len(batch)

@@ -29,6 +29,12 @@ class FencedError(RuntimeError):
     """This instance was fenced by a newer one; it must stop without writing anything else."""
 
 
+# Process exit codes of every service on the shared core.
+EXIT_OK = 0
+EXIT_FENCED = 3
+EXIT_RESTART = 4  # stuck beyond what this process can repair: a supervisor starts a new one
+
+
 class ConsumerStuck(RuntimeError):
     """The consumer cannot say where its group stands (committed offsets) however long it
     tries: seen after a broker was killed mid-transaction, while a fresh consumer of the same

@@ -28,14 +28,11 @@ from onceflow.kafka.inspect import wait_partition_count
 from onceflow.state.store import KeyValueStore, MemoryStore, StoreDiverged, StoreUnavailable
 from onceflow.state.stores import PartitionStores
 from onceflow.txn.batch import Batch, Stage
-from onceflow.txn.errors import ConsumerStuck, FencedError, IndefiniteOutcome
+from onceflow.txn.errors import EXIT_FENCED, EXIT_OK, EXIT_RESTART, ConsumerStuck, FencedError, IndefiniteOutcome
 from onceflow.txn.producer import TransactionalProducer, open_producer
 
 log = logging.getLogger(__name__)
 
-EXIT_OK = 0
-EXIT_FENCED = 3
-EXIT_RESTART = 4  # stuck beyond what this process can repair: a supervisor starts a new one
 # Tries of 10 s each to fetch the committed offsets before the consumer counts as stuck.
 _COMMITTED_TRIES = 6
 

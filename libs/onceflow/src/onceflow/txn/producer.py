@@ -9,16 +9,18 @@ bench`` compares exactly-once against).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from onceflow.config import CommonSettings
 from onceflow.kafka import clients
-from onceflow.txn.errors import FencedError, IndefiniteOutcome, TxnErrorClass, classify
+from onceflow.txn.errors import EXIT_RESTART, FencedError, IndefiniteOutcome, TxnErrorClass, classify
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +30,45 @@ DeliveryCallback = Callable[[KafkaError | None, Message], None]
 
 def _reraise(exc: BaseException) -> None:
     raise exc
+
+
+class CallWatchdog:
+    """Ends the process (exit 4, for a restart) when one producer call outlives ``limit_s``.
+
+    librdkafka can block in ``send_offsets_to_transaction`` forever, ignoring its timeout, when
+    the group coordinator's broker goes away mid-call (librdkafka #5511, #5456). On one broker
+    ``metadata.recovery.strategy=none`` avoids it; on a 3-broker cluster it was caught again
+    (py-spy: the gate's main thread in send_offsets, minutes after the coordinator's node
+    restarted). Nothing in the process can interrupt the call, and waiting holds its partitions
+    forever; exiting is a crash like kill -9, which the protocol is proven against: the next
+    instance's init_transactions fences and settles the stuck transaction."""
+
+    def __init__(self, name: str, exit_code: int = EXIT_RESTART) -> None:
+        self._name = name
+        self._exit_code = exit_code
+        self._deadline: float | None = None
+        self._what = ""
+        threading.Thread(target=self._watch, name=f"{name}-watchdog", daemon=True).start()
+
+    @contextmanager
+    def guard(self, what: str, limit_s: float) -> Iterator[None]:
+        self._what, self._deadline = what, time.monotonic() + limit_s
+        try:
+            yield
+        finally:
+            self._deadline = None
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(1.0)
+            deadline = self._deadline
+            if deadline is not None and time.monotonic() > deadline:
+                log.critical(
+                    "%s: a Kafka producer call (%s) is stuck past its timeout; exiting %d for a restart",
+                    self._name, self._what, self._exit_code,
+                )
+                logging.shutdown()
+                os._exit(self._exit_code)
 
 
 class TransactionalProducer:
@@ -45,6 +86,7 @@ class TransactionalProducer:
         self._stop = stop or threading.Event()
         self._overrides = overrides
         self.recreated = 0
+        self._watchdog = CallWatchdog(transactional_id)
         self._producer = self._init()
 
     def _init(self) -> Producer:
@@ -131,7 +173,9 @@ class TransactionalProducer:
         FencedError (fatal), IndefiniteOutcome (unknown result) or KafkaException (abortable)."""
         for attempt in range(1, _RETRIES + 1):
             try:
-                return call()
+                # Each call is bounded by its own timeout; twice that and more means librdkafka hung.
+                with self._watchdog.guard(getattr(call, "__qualname__", "call"), 2 * self._timeout + 15):
+                    return call()
             except KafkaException as exc:
                 kind = classify(exc)
                 if kind is TxnErrorClass.FATAL:
