@@ -1,7 +1,8 @@
 """The pipeline on a 3-node KRaft cluster of its own (`onceflow infra up --brokers 3`): topics
-with 3 replicas and 2 in sync, and exactly-once through kill -9 and clean restarts of single
-nodes (each the leader of some partitions, of some transaction coordinators, or the active
-controller) under load, judged by verify's checker on the drained pipeline."""
+with 3 replicas and 2 in sync, and exactly-once through kill -9 of the node leading a written
+partition, of the one coordinating a live transaction and of the active controller, and through
+a paused broker, under load, judged by verify's checker on the drained pipeline; and a broken
+build that the same checker fails on the cluster."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
 
@@ -42,36 +43,69 @@ def _free(port: int) -> bool:
         return probe.connect_ex(("127.0.0.1", port)) != 0
 
 
-def test_three_brokers_hold_exactly_once_through_node_kills_and_restarts(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def cluster_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A 3-node cluster and a Redis of this module's own: the suite's shared broker stays untouched."""
     broker, controller = cluster_ports()
-    bootstrap = ",".join(f"127.0.0.1:{broker + step}" for step in (0, 10, 20))
     env = {
         **os.environ,
-        "ONCEFLOW_HOME": str(tmp_path / "home"),
+        "ONCEFLOW_HOME": str(tmp_path_factory.mktemp("cluster") / "home"),
         "ONCEFLOW_KAFKA_BROKERS": "3",
-        "ONCEFLOW_KAFKA_BOOTSTRAP": bootstrap,
+        # A dead first node must not stop a client finding the cluster: every node is listed.
+        "ONCEFLOW_KAFKA_BOOTSTRAP": ",".join(f"127.0.0.1:{broker + step}" for step in (0, 10, 20)),
         "ONCEFLOW_KAFKA_CONTROLLER_PORT": str(controller),
         "ONCEFLOW_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
     }
     try:
         up = onceflow(env, "infra", "up", "--brokers", "3", timeout_s=300)
         assert up.returncode == 0, up.stdout + up.stderr
-        status = onceflow(env, "infra", "status", timeout_s=60)
-        assert status.returncode == 0, status.stdout
-        assert "active controller" in status.stdout and "0 under-replicated" in status.stdout, status.stdout
-        topics = onceflow(env, "infra", "topics", timeout_s=120)
-        assert "3 (min in sync 2)" in topics.stdout, topics.stdout + topics.stderr
-        done = onceflow(
-            env, "verify", "--json", "--workload", "keyed-count", "--faults", "broker,kill9",
-            "--duration", "40s", "--rate", "150", "--fault-every", "6", "--seed", "13", "--settle", "180",
-            timeout_s=900,
-        )
-        assert done.stdout.strip(), done.stderr[-5000:]
-        verdict = json.loads(done.stdout)
-        assert verdict["faults_injected"].get("broker", 0) >= 2, verdict["faults_injected"]
-        assert done.returncode == 0 and verdict["ok"], json.dumps(verdict)
-        assert verdict["lost"] == verdict["duplicated"] == verdict["aborted_reads"] == verdict["hanging_transactions"] == 0
-        assert verdict["sink_matches_batch"] and verdict["undrained"] == [], verdict
+        yield env
     finally:
         down = onceflow(env, "infra", "down", timeout_s=240)
         assert down.returncode == 0, down.stdout + down.stderr
+
+
+def verify(env: dict[str, str], *args: str) -> tuple[int, dict]:
+    done = onceflow(env, "verify", "--json", "--workload", "keyed-count", *args, timeout_s=900)
+    assert done.stdout.strip(), done.stderr[-5000:]
+    return done.returncode, json.loads(done.stdout)
+
+
+def test_the_cluster_reports_its_nodes_controller_and_replication(cluster_env: dict[str, str]) -> None:
+    status = onceflow(cluster_env, "infra", "status", timeout_s=60)
+    assert status.returncode == 0, status.stdout
+    assert status.stdout.count("active controller") == 1 and "0 under-replicated" in status.stdout, status.stdout
+    topics = onceflow(cluster_env, "infra", "topics", timeout_s=120)
+    assert "3 (min in sync 2)" in topics.stdout, topics.stdout + topics.stderr
+
+
+def test_exactly_once_holds_through_leader_coordinator_and_controller_kills_and_a_paused_broker(
+    cluster_env: dict[str, str],
+) -> None:
+    """Each fault aimed where it hurts, found from the cluster itself: the leader of a partition
+    the run writes, the coordinator of a live service's transactional.id, the active controller
+    (each kill -9, then restarted), and a broker frozen for 20-40 s, then woken."""
+    faults = ("leader-kill9", "coordinator-kill9", "controller-kill9", "broker-pause")
+    code, verdict = verify(
+        cluster_env, "--faults", ",".join(faults), "--duration", "40s", "--rate", "150", "--fault-every", "5",
+        "--seed", "13", "--settle", "240",
+    )
+    assert all(verdict["faults_injected"].get(kind, 0) >= 1 for kind in faults), verdict["faults_injected"]
+    assert code == 0 and verdict["ok"], json.dumps(verdict)
+    assert verdict["records"] == verdict["distinct"] == 40 * 150
+    assert verdict["lost"] == verdict["duplicated"] == verdict["aborted_reads"] == verdict["hanging_transactions"] == 0
+    assert verdict["sink_matches_batch"] and verdict["undrained"] == [], verdict
+
+
+def test_a_build_that_commits_offsets_outside_the_transaction_fails_verification_on_the_cluster(
+    cluster_env: dict[str, str],
+) -> None:
+    """The checker can fail here too: offsets committed before the transaction lose the batches
+    that crashes and leader kills abort."""
+    code, verdict = verify(
+        cluster_env, "--sabotage", "offsets_outside_txn", "--faults", "crash_in_txn,leader-kill9", "--duration", "30s",
+        "--rate", "150", "--fault-every", "4", "--seed", "5", "--settle", "20",
+    )
+    assert verdict["faults_injected"].get("crash_in_txn", 0) >= 2, verdict["faults_injected"]
+    assert code == 1 and not verdict["ok"], verdict
+    assert verdict["lost"] > 0 and not verdict["sink_matches_batch"], verdict

@@ -9,8 +9,8 @@ from onceflow import acks, metrics
 from onceflow.admin import ServerTLS, ServiceServer, StatusSnapshot
 from onceflow.kafka.inspect import wait_partition_count
 from onceflow.runner import on_stop_signals
-from onceflow.txn import EXIT_FENCED as LOOP_FENCED
 from onceflow.txn import TransactionalLoop
+from onceflow.txn.errors import EXIT_FENCED, EXIT_OK, EXIT_RESTART
 from onceflow.v1 import ingest_pb2, ingest_pb2_grpc
 
 from onceflow_ingest.committer import Acking, GroupCommitter
@@ -22,9 +22,24 @@ from onceflow_ingest.servicer import IngestServicer
 
 log = logging.getLogger(__name__)
 
-EXIT_OK = 0
-EXIT_FENCED = 3
 EXIT_FAILED = 1
+
+
+def exit_code_for(committer_died: bool, committer_fenced: bool, replay_exit: list[int]) -> int | None:
+    """The code ingest exits with once a part of it stopped on its own, or None to serve on.
+    The replayer's own code is passed on (fenced 3, stuck 4): serving without it would lose
+    every failed tree's replay, quietly."""
+    if committer_died:
+        log.error("the committer died (see above); exiting so a supervisor restarts ingest")
+        return EXIT_FAILED
+    if committer_fenced:
+        log.error("fenced by a newer instance; exiting")
+        return EXIT_FENCED
+    if replay_exit:
+        code = replay_exit[0] if replay_exit[0] != EXIT_OK else EXIT_FAILED
+        log.error("the replayer stopped with exit %d; exiting so a supervisor restarts ingest", code)
+        return code
+    return None
 
 
 class IngestService:
@@ -146,13 +161,9 @@ class IngestService:
         )
         code = EXIT_OK
         while not self._stop.wait(0.2):
-            if self.committer.died.is_set():
-                log.error("the committer died (see above); exiting so a supervisor restarts ingest")
-                code = EXIT_FAILED
-                break
-            if self.committer.fenced.is_set() or LOOP_FENCED in replay_exit:
-                log.error("fenced by a newer instance; exiting")
-                code = EXIT_FENCED
+            exit_code = exit_code_for(self.committer.died.is_set(), self.committer.fenced.is_set(), replay_exit)
+            if exit_code is not None:
+                code = exit_code
                 break
         log.info("shutting down: refusing new calls, committing what is in flight")
         self.server.stop(0 if code else self.settings.shutdown_grace_s)
@@ -162,5 +173,7 @@ class IngestService:
             replay_thread.join(30)
         if self.watcher is not None:
             self.watcher.stop()
-        log.info({EXIT_OK: "stopped cleanly", EXIT_FENCED: "stopped after being fenced"}.get(code, "stopped after a failure"))
+        log.info({
+            EXIT_OK: "stopped cleanly", EXIT_FENCED: "stopped after being fenced", EXIT_RESTART: "stopped to be restarted",
+        }.get(code, "stopped after a failure"))
         return code

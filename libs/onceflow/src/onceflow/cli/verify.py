@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import sys
 import time
@@ -38,7 +39,7 @@ def verify(
     rate: int = typer.Option(300, help="Records per second the clients offer."),
     records: int = typer.Option(0, help="Records to send (default: rate × duration)."),
     faults: str = typer.Option(
-        "", help=f"Fault kinds, comma-separated: {', '.join(KINDS)}. Default: every kind the stack can take (redis-failover needs --redis sentinel)."
+        "", help=f"Fault kinds, comma-separated: {', '.join(KINDS)}. Default: every kind the stack can take (redis-failover needs --redis sentinel, the targeted broker faults --brokers 3)."
     ),
     fault_every: float = typer.Option(10.0, help="Seconds between faults."),
     resend_ratio: float = typer.Option(0.05, help="Share of batches a client sends twice (client retries)."),
@@ -50,6 +51,9 @@ def verify(
     sabotage: str = typer.Option(
         "", help=f"Test the checker: run a deliberately broken build ({', '.join(SABOTAGES)}; comma-separated); verify must then fail."
     ),
+    brokers: int | None = typer.Option(
+        None, help="1: one broker. 3: a KRaft cluster of three nodes (started if needed; enables the targeted broker faults). Default: ONCEFLOW_KAFKA_BROKERS or 1."
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print the verdict as JSON on stdout (the report goes to stderr)."),
     keep: bool = typer.Option(False, help="Keep the run's topics and Redis tables afterwards."),
 ) -> None:
@@ -57,6 +61,10 @@ def verify(
     kill -9, rollback and flush, client retries and late re-sends) over the whole pipeline, then
     the exactly-once checker, on the drained pipeline."""
     console = Console(stderr=json_out)
+    if brokers is not None:
+        if brokers not in (1, 3):
+            raise typer.BadParameter("--brokers takes 1 or 3")
+        os.environ["ONCEFLOW_KAFKA_BROKERS"] = str(brokers)
     try:
         options = campaign.CampaignOptions(
             records=records, rate=rate, duration_s=parse_duration(duration),

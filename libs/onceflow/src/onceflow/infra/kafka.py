@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 import uuid
@@ -379,6 +381,31 @@ class KafkaBroker:
         self._drop_partial_cds()
         return True
 
+    def pause(self) -> bool:
+        """SIGSTOP: a broker that stops answering (a long GC pause, a partitioned host) while its
+        sessions, leaderships and open connections stay. False if not running."""
+        return self._signal(signal.SIGSTOP)
+
+    def resume(self) -> bool:
+        return self._signal(signal.SIGCONT)
+
+    def _signal(self, signum: signal.Signals) -> bool:
+        pid = self.pid()
+        if pid is None:
+            return False
+        os.kill(pid, signum)
+        return True
+
+    def quorum_state(self) -> tuple[int, int] | None:
+        """(leader epoch, leader id) of the KRaft quorum as this node last wrote it to disk, or
+        None before it has voted. Clients cannot ask: in KRaft a Metadata or DescribeCluster
+        answer names a random broker as "the controller", not the quorum's leader."""
+        try:
+            state = json.loads((self.data_dir / "__cluster_metadata-0" / "quorum-state").read_text())
+        except (OSError, ValueError):
+            return None
+        return int(state.get("leaderEpoch", -1)), int(state.get("leaderId", -1))
+
     def warm_up(self, timeout: float = 30.0, bootstrap: str = "") -> None:
         """Have the cluster (``bootstrap``, default this broker) create and load
         __transaction_state and __consumer_offsets now: else the first clients of a fresh
@@ -442,3 +469,13 @@ def cluster(settings: InfraSettings | None = None) -> list[KafkaBroker]:
     if s.kafka_brokers > 1 or any(node.is_running() for node in nodes):
         return nodes
     return [single]
+
+
+def active_controller(nodes: list[KafkaBroker]) -> KafkaBroker | None:
+    """The node the running voters last agreed leads the KRaft quorum (the highest epoch any of
+    them recorded), or None while no leader is known."""
+    states = [(state, node) for node in nodes if node.is_running() and (state := node.quorum_state())]
+    if not states:
+        return None
+    (_epoch, leader), _node = max(states, key=lambda pair: pair[0])
+    return next((node for node in nodes if node.node_id == leader), None)

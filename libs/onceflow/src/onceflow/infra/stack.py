@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from onceflow.config import CommonSettings
-from onceflow.infra.kafka import KafkaBroker
+from onceflow.infra.kafka import KafkaBroker, active_controller
 from onceflow.infra.kafka import cluster as kafka_cluster
 from onceflow.infra.paths import display_path
 from onceflow.infra.redis import RedisServer
@@ -81,16 +81,16 @@ def _with_cluster_health(rows: list[ComponentStatus], brokers: list[KafkaBroker]
         return rows
     admin = AdminClient({"bootstrap.servers": ",".join(live), "log_level": 3})
     try:
-        controller = admin.describe_cluster(request_timeout=5).result(timeout=10).controller
         topics = admin.list_topics(timeout=10).topics
     except Exception as exc:  # noqa: BLE001 - a cluster mid-election: say so, do not fail status
         return [replace(rows[0], detail=f"{rows[0].detail}; cluster unanswered: {exc}"), *rows[1:]]
+    controller = active_controller(brokers)
     partitions = [p for t in topics.values() for p in t.partitions.values()]
     under = sum(1 for p in partitions if len(p.isrs) < len(p.replicas))
     offline = sum(1 for p in partitions if p.leader < 0)
     out = []
     for broker, row in zip(brokers, rows, strict=True):
-        role = "active controller" if controller is not None and controller.id == broker.node_id else "voter"
+        role = "active controller" if controller == broker else "voter"
         out.append(replace(row, detail=f"node {broker.node_id}, {role}; {row.detail}"))
     summary = f"{len(partitions)} partitions, {under} under-replicated, {offline} offline"
     out[0] = replace(out[0], detail=f"{out[0].detail}; {summary}")

@@ -11,6 +11,7 @@ Two workloads, each with a job whose every row shows a lost or doubled record:
 from __future__ import annotations
 
 import logging
+import os
 import re
 import tempfile
 import time
@@ -21,10 +22,11 @@ from pathlib import Path
 from onceflow.config import CommonSettings
 from onceflow.faults import SABOTAGE_ENV, SABOTAGES
 from onceflow.infra import stack
+from onceflow.infra.kafka import cluster as kafka_cluster
 from onceflow.infra.topics import delete_topics, ensure_topics
 from onceflow.redis_client import connect, delete_prefix
 from onceflow.verify.check import Verdict, check, undrained
-from onceflow.verify.schedule import KINDS, FaultSchedule, available_kinds
+from onceflow.verify.schedule import CLUSTER_KINDS, KINDS, FaultSchedule, available_kinds
 from onceflow.verify.supervisor import Supervisor
 from onceflow.v1.ingest_pb2 import IngestRecord
 from onceflow.workloads import auctionbids, nexmark, usersum
@@ -77,6 +79,9 @@ class CampaignOptions:
         unknown = set(self.faults) - set(KINDS)
         if unknown:
             raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(KINDS)}")
+        needs_cluster = sorted(set(self.faults) & set(CLUSTER_KINDS) - set(available_kinds()))
+        if needs_cluster:
+            raise ValueError(f"{', '.join(needs_cluster)} need a 3-node Kafka cluster: --brokers 3 (docs/architecture.md, 'On a Kafka cluster')")
         if self.workload not in WORKLOADS:
             raise ValueError(f"unknown workload {self.workload!r}; known: {', '.join(WORKLOADS)}")
         if self.users < 1:
@@ -138,11 +143,15 @@ def run(options: CampaignOptions, on_progress: Callable[[Progress], None] = lamb
 
     stack.up()
     prefix = f"verify{int(time.time())}s{options.seed}."
-    common = CommonSettings(topic_prefix=prefix)
+    env = {"ONCEFLOW_LOOP_SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_MS)}
+    nodes = kafka_cluster()
+    if len(nodes) > 1 and "ONCEFLOW_KAFKA_BOOTSTRAP" not in os.environ:
+        # Every node: a client must still find the cluster while the first one is down.
+        env["ONCEFLOW_KAFKA_BOOTSTRAP"] = ",".join(node.bootstrap for node in nodes)
+    common = CommonSettings(topic_prefix=prefix, kafka_bootstrap=env.get("ONCEFLOW_KAFKA_BOOTSTRAP", CommonSettings().kafka_bootstrap))
     ensure_topics(common.kafka_bootstrap, prefix=prefix)
     log_dir = Path(tempfile.mkdtemp(prefix="onceflow-verify-"))
-    note(f"topics {prefix!r}; service logs in {log_dir}")
-    env = {"ONCEFLOW_LOOP_SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_MS)}
+    note(f"topics {prefix!r} on {len(nodes)} broker(s); service logs in {log_dir}")
     if options.sabotage:
         env[SABOTAGE_ENV] = options.sabotage
         note(f"[red]sabotaged build[/]: {options.sabotage}")
