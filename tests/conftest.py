@@ -3,6 +3,7 @@ topic set per test, and subprocesses that are always cleaned up."""
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -12,13 +13,56 @@ from pathlib import Path
 import pytest
 
 from onceflow.config import CommonSettings, repo_root
-from onceflow.infra import stack
-from onceflow.infra.kafka import KafkaBroker
-from onceflow.infra.topics import delete_topics, ensure_topics
-from tests.harness.process import ServiceProcess, free_port
+
+
+def _isolate_xdist_worker() -> None:
+    """Under pytest-xdist (``make test`` runs two workers), worker N > 0 gets a Kafka and a Redis
+    of its own: its own home and ports, N hundred above the defaults. Tests that restart the
+    broker or Redis then never pull them from under the other worker's tests. Set before any
+    settings are read, so the services these tests start inherit it too."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker.removeprefix("gw") or 0)
+    if index == 0:
+        return
+    from onceflow.infra.settings import DEFAULT_KAFKA_CONTROLLER_PORT, DEFAULT_KAFKA_PORT, DEFAULT_REDIS_PORT
+
+    home = repo_root() / ".onceflow" / "workers" / worker
+    home.mkdir(parents=True, exist_ok=True)
+    spark = home / "spark"  # the Spark driver's CDS archive is per JVM, not per stack: share it
+    if not spark.exists():
+        (repo_root() / ".onceflow" / "spark").mkdir(parents=True, exist_ok=True)
+        spark.symlink_to(repo_root() / ".onceflow" / "spark", target_is_directory=True)
+    shift = 100 * index
+    os.environ.update({
+        "ONCEFLOW_HOME": str(home),
+        "ONCEFLOW_KAFKA_BOOTSTRAP": f"127.0.0.1:{DEFAULT_KAFKA_PORT + shift}",
+        "ONCEFLOW_KAFKA_CONTROLLER_PORT": str(DEFAULT_KAFKA_CONTROLLER_PORT + shift),
+        "ONCEFLOW_REDIS_URL": f"redis://127.0.0.1:{DEFAULT_REDIS_PORT + shift}/0",
+    })
+
+
+_isolate_xdist_worker()
+from onceflow.infra import stack  # noqa: E402 - after the worker's stack is chosen
+from onceflow.infra.kafka import KafkaBroker  # noqa: E402
+from onceflow.infra.topics import delete_topics, ensure_topics  # noqa: E402
+from tests.harness.process import ServiceProcess, free_port  # noqa: E402
 
 # Short enough that a SIGSTOPped member leaves the group quickly in zombie tests.
 TEST_SESSION_TIMEOUT_MS = 6000
+
+
+def _weight(item: pytest.Item) -> int:
+    """Longest first, so two workers finish close together: campaigns on a cluster of their own,
+    then verify campaigns, then other fault tests, then the rest."""
+    marks = {mark.name for mark in item.iter_markers()}
+    for rank, mark in enumerate(("cluster", "verify", "fault", "integration")):
+        if mark in marks:
+            return rank
+    return 4
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=_weight)  # stable: file order within a rank
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from onceflow.config import CommonSettings
 from onceflow.infra.topics import TopicReplicationError, delete_topics, ensure_topics, load_specs
 from tests.conftest import free_port
 
@@ -50,16 +51,17 @@ def test_compose_topics_job_works_against_any_bootstrap_list(infra: None) -> Non
     """The exact command compose's `topics` job runs, given a bootstrap list with a dead broker
     named first: it must reach the live one, not a loopback guess."""
     prefix = f"t{uuid.uuid4().hex[:8]}."
-    env = {**os.environ, "ONCEFLOW_KAFKA_BOOTSTRAP": "127.0.0.2:9,127.0.0.1:19092", "ONCEFLOW_TOPIC_PREFIX": prefix}
+    live = CommonSettings().kafka_bootstrap
+    env = {**os.environ, "ONCEFLOW_KAFKA_BOOTSTRAP": f"127.0.0.2:9,{live}", "ONCEFLOW_TOPIC_PREFIX": prefix}
     try:
         done = _onceflow(env, "topics")
         assert done.returncode == 0, done.stdout + done.stderr
         assert f"{prefix}ingest.records" in done.stdout and "created" in done.stdout
-        again = _onceflow(env, "topics", "--bootstrap", "127.0.0.1:19092")
+        again = _onceflow(env, "topics", "--bootstrap", live)
         assert again.returncode == 0 and "created" not in again.stdout, again.stdout + again.stderr
         # More replicas than the cluster has brokers: refused with the reason, nothing half made.
         spec = next(s for s in load_specs() if s.name == "ingest.records")
         with pytest.raises(TopicReplicationError, match="declares 3 replicas; the cluster has 1 broker"):
-            ensure_topics("127.0.0.1:19092", prefix + "x.", [replace(spec, replication_factor=3)])
+            ensure_topics(live, prefix + "x.", [replace(spec, replication_factor=3)])
     finally:
-        delete_topics("127.0.0.1:19092", prefix)
+        delete_topics(live, prefix)

@@ -17,7 +17,8 @@ import pytest
 from onceflow.config import repo_root
 from onceflow.process import free_port
 
-pytestmark = [pytest.mark.cluster, pytest.mark.integration, pytest.mark.fault]
+# One worker takes the whole module: its cluster fixture is started once.
+pytestmark = [pytest.mark.cluster, pytest.mark.integration, pytest.mark.fault, pytest.mark.xdist_group("cluster")]
 
 
 def onceflow(env: dict[str, str], *args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
@@ -101,11 +102,11 @@ def test_a_build_that_commits_offsets_outside_the_transaction_fails_verification
     cluster_env: dict[str, str],
 ) -> None:
     """The checker can fail here too: offsets committed before the transaction lose the batches
-    that crashes and leader kills abort."""
+    that crashes and leader kills abort (at the gate: ids lost; in compute: rows wrong)."""
     code, verdict = verify(
         cluster_env, "--sabotage", "offsets_outside_txn", "--faults", "crash_in_txn,leader-kill9", "--duration", "30s",
         "--rate", "150", "--fault-every", "4", "--seed", "5", "--settle", "20",
     )
     assert verdict["faults_injected"].get("crash_in_txn", 0) >= 2, verdict["faults_injected"]
     assert code == 1 and not verdict["ok"], verdict
-    assert verdict["lost"] > 0 and not verdict["sink_matches_batch"], verdict
+    assert not verdict["sink_matches_batch"], verdict
