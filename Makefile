@@ -67,13 +67,13 @@ demo: setup
 # tests go first. A module that needs one fixture for all its tests is one xdist_group.
 PYTEST_WORKERS ?= 2
 test: setup tilt compose-schema
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not extended"
 
 test-cluster: setup
 	$(PY) -m pytest -m cluster
 
 test-fast: setup tilt compose-schema
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not fault and not cluster"
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not fault and not cluster and not extended"
 
 # The long chaos campaigns (docs/verification.md); the suite runs short ones.
 soak: setup
