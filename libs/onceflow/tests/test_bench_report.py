@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from onceflow.bench.pipeline import ModeResult, RatePoint, _completion_rate, _percentile
+from onceflow.bench.pipeline import ModeResult, RatePoint, completion_rate, percentile
 from onceflow.bench.report import Report, write
 from onceflow.bench.watch import BacklogRun
 
@@ -42,17 +42,17 @@ def test_a_slow_exactly_once_pipeline_misses_its_targets() -> None:
     assert not verdicts["p99_under_2s_at_half_load"]
 
 
-def test_completion_rate_ignores_the_first_and_last_tenth() -> None:
+def testcompletion_rate_ignores_the_first_and_last_tenth() -> None:
     # 1,000 trees over 10 s at 100/s, then one straggler 100 s later: the rate stays 100/s.
     times = [1_000_000 + i * 10 for i in range(1000)] + [1_110_000]
-    assert _completion_rate(times) == pytest.approx(100, rel=0.02)
+    assert completion_rate(times) == pytest.approx(100, rel=0.02)
 
 
-def test_percentiles() -> None:
+def testpercentiles() -> None:
     values = list(range(1, 101))
-    assert _percentile(values, 50) == pytest.approx(50.5)
-    assert _percentile(values, 99) == pytest.approx(99.01)
-    assert _percentile([7], 99) == 7
+    assert percentile(values, 50) == pytest.approx(50.5)
+    assert percentile(values, 99) == pytest.approx(99.01)
+    assert percentile([7], 99) == 7
 
 
 def test_the_report_writes_json_and_a_plot(tmp_path) -> None:

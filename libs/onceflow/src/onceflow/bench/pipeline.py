@@ -70,7 +70,7 @@ class ModeResult:
     failed_trees: int = 0
 
 
-class _Run:
+class PipelineRun:
     """One pipeline in one guarantee, on a topic prefix of its own."""
 
     def __init__(self, guarantee: str, options: PipelineOptions, note: Callable[[str], None]) -> None:
@@ -83,7 +83,7 @@ class _Run:
         )
         self.trees = TreeLog(self.common)
 
-    def __enter__(self) -> _Run:
+    def __enter__(self) -> PipelineRun:
         ensure_topics(self.common.kafka_bootstrap, prefix=self.prefix)
         self.note(f"{self.guarantee}: starting the five services")
         try:
@@ -101,10 +101,11 @@ class _Run:
         delete_topics(self.common.kafka_bootstrap, prefix=self.prefix)
         delete_prefix(connect(self.common.redis_url), self.prefix)
 
-    def send(self, id_prefix: str, count: int, rate: float) -> tuple[list[float], list[float]]:
+    def send(self, id_prefix: str, count: int, rate: float, faulty: bool = False) -> tuple[list[float], list[float]]:
         """``count`` records offered at ``rate`` (0: as fast as ingest takes them), once all
         their trees completed: when each completed and its latency (client send -> completed),
-        in ms."""
+        in ms. A service that exits fails the run, unless ``faulty`` (faults are being injected):
+        then it is restarted, as a supervisor would."""
         records = workload.ingest_records(count, self.options.users, id_prefix)
         senders = Senders(self.supervisor.address("ingest"), records, self.options.batch, self.options.clients, 0.0, 1, rate)
         senders.start()
@@ -124,7 +125,9 @@ class _Run:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"{id_prefix}: {len(done):,} of {count:,} trees completed")
             for name in self.supervisor.restart_exited():
-                raise RuntimeError(f"{name} exited during the bench (see {self.options.log_dir})")
+                if not faulty:
+                    raise RuntimeError(f"{name} exited during the bench (see {self.options.log_dir})")
+                self.note(f"{self.guarantee}: {name} exited during a fault; restarted")
             time.sleep(0.2)
 
     def service_rates(self, records: int, stop: threading.Event) -> dict[str, float]:
@@ -153,11 +156,11 @@ class _Run:
         return {name: records / max(until - since, 1e-3) for name, (since, until) in window.items()}
 
 
-def _percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] if len(values) > 1 else float(values[0])
 
 
-def _completion_rate(times: list[float]) -> float:
+def completion_rate(times: list[float]) -> float:
     """Trees per second between 10% and 90% of them completing (``times`` sorted, ms)."""
     low, high = times[len(times) // 10], times[len(times) * 9 // 10]
     return (len(times) * 0.8) / max((high - low) / 1000, 1e-3)
@@ -169,7 +172,7 @@ def run_mode(
     """``rates(sustainable)`` gives the offered rates of the sweep, from this mode's own
     sustainable rate (the caller can ignore it, to offer both modes the same rates)."""
     result = ModeResult(guarantee)
-    with _Run(guarantee, options, note) as run:
+    with PipelineRun(guarantee, options, note) as run:
         note(f"{guarantee}: warming up ({options.warm_up_records:,} records)")
         run.send("warm:", options.warm_up_records, 0)
 
@@ -183,8 +186,8 @@ def run_mode(
         times, latencies = run.send("sat:", options.saturation_records, 0)
         stop.set()
         sampler.join(30)
-        result.sustainable = _completion_rate(times)
-        result.saturation_p50_ms, result.saturation_p99_ms = _percentile(latencies, 50), _percentile(latencies, 99)
+        result.sustainable = completion_rate(times)
+        result.saturation_p50_ms, result.saturation_p99_ms = percentile(latencies, 50), percentile(latencies, 99)
         result.services = rates_box
         note(f"{guarantee}: sustainable {result.sustainable:,.0f} records/s")
 
@@ -194,7 +197,7 @@ def run_mode(
             times, latencies = run.send(f"step{index}:", count, rate)
             result.sweep.append(RatePoint(
                 offered=rate, achieved=len(times) / max((times[-1] - times[0]) / 1000, 1e-3), records=len(times),
-                p50_ms=_percentile(latencies, 50), p99_ms=_percentile(latencies, 99),
+                p50_ms=percentile(latencies, 50), p99_ms=percentile(latencies, 99),
             ))
             note(f"{guarantee}: {rate:,.0f}/s offered: p50 {result.sweep[-1].p50_ms:.0f} ms, p99 {result.sweep[-1].p99_ms:.0f} ms")
         result.failed_trees = run.trees.failed

@@ -26,7 +26,8 @@ from onceflow.infra.kafka import cluster as kafka_cluster
 from onceflow.infra.topics import delete_topics, ensure_topics
 from onceflow.redis_client import connect, delete_prefix
 from onceflow.verify.check import Verdict, check, undrained
-from onceflow.verify.schedule import CLUSTER_KINDS, KINDS, FaultSchedule, available_kinds
+from onceflow.verify.kafka_faults import CLUSTER_KINDS
+from onceflow.verify.schedule import KINDS, FaultSchedule, available_kinds
 from onceflow.verify.supervisor import Supervisor
 from onceflow.v1.ingest_pb2 import IngestRecord
 from onceflow.workloads import auctionbids, nexmark, usersum

@@ -4,13 +4,24 @@ itself (metadata, and the keys of ``__transaction_state``), never from naming co
 
 from __future__ import annotations
 
+import random
 import struct
 import time
 
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from onceflow.infra.kafka import active_controller
+from onceflow.infra.kafka import cluster as kafka_cluster
+
 TRANSACTION_STATE = "__transaction_state"
+# The faults only a replicated cluster can take (verify's schedule and bench/kafka_cluster.py).
+CLUSTER_KINDS = ("leader-kill9", "coordinator-kill9", "controller-kill9", "broker-pause", "rolling-restart", "min-isr")
+# How long a paused broker stays silent: past its session (3 s) and past the clients' request
+# timeouts, so leaderships move and its connections go stale before it wakes.
+PAUSE_S = (20.0, 40.0)
+# Two nodes down (min.insync.replicas unmet, and no controller quorum either) this long.
+MIN_ISR_OUTAGE_S = (5.0, 12.0)
 
 
 def _admin(bootstrap: str) -> AdminClient:
@@ -98,3 +109,54 @@ def wait_fully_replicated(bootstrap: str, timeout_s: float = 120.0) -> None:
         if time.monotonic() > deadline:
             raise RuntimeError(f"partitions still under-replicated {timeout_s:.0f} s after a restart")
         time.sleep(0.5)
+
+
+def inject(kind: str, rng: random.Random, topic_prefix: str) -> str:
+    """One of ``CLUSTER_KINDS`` on the running cluster, aimed at the run on ``topic_prefix``
+    (whose topics and transactional.ids start with it); what was done, for the log."""
+    if kind not in CLUSTER_KINDS:
+        raise ValueError(f"unknown cluster fault {kind!r}; known: {', '.join(CLUSTER_KINDS)}")
+    started = time.monotonic()
+    nodes = kafka_cluster()
+    by_id = {node.node_id: node for node in nodes}
+    bootstrap = ",".join(node.bootstrap for node in nodes)
+    if kind == "leader-kill9":
+        leaders = partition_leaders(bootstrap, topic_prefix)
+        (topic, partition), leader = rng.choice(sorted(leaders.items()))
+        by_id[leader].restart(hard=True)
+        return f"kill -9 of {by_id[leader].name}, leader of {topic}[{partition}], and restart ({time.monotonic() - started:.0f} s)"
+    if kind == "coordinator-kill9":
+        live = coordinators(bootstrap, topic_prefix)
+        if not live:
+            raise RuntimeError(f"no transactional.id of {topic_prefix!r} in {TRANSACTION_STATE}")
+        txn_id, coordinator = rng.choice(sorted(live.items()))
+        by_id[coordinator].restart(hard=True)
+        return f"kill -9 of {by_id[coordinator].name}, coordinator of {txn_id}, and restart ({time.monotonic() - started:.0f} s)"
+    if kind == "controller-kill9":
+        controller = active_controller(nodes)
+        if controller is None:
+            raise RuntimeError("no active KRaft controller to kill")
+        controller.restart(hard=True)
+        return f"kill -9 of {controller.name}, the active controller, and restart ({time.monotonic() - started:.0f} s)"
+    if kind == "broker-pause":
+        node, pause_s = rng.choice(nodes), rng.uniform(*PAUSE_S)
+        node.pause()
+        try:
+            time.sleep(pause_s)
+        finally:
+            node.resume()
+        return f"{node.name} paused (SIGSTOP) for {pause_s:.0f} s, then resumed"
+    if kind == "rolling-restart":
+        for node in nodes:
+            node.restart(hard=False)
+            wait_fully_replicated(bootstrap)
+        return f"rolling restart of {len(nodes)} nodes ({time.monotonic() - started:.0f} s)"
+    down, outage_s = rng.sample(nodes, 2), rng.uniform(*MIN_ISR_OUTAGE_S)
+    for node in down:
+        node.kill()
+    time.sleep(outage_s)
+    for node, pid in [(node, node.spawn()) for node in down]:
+        if pid is not None:
+            node.wait_ready(pid)
+    names = " and ".join(node.name for node in down)
+    return f"kill -9 of {names} (min.insync.replicas unmet) for {outage_s:.0f} s, then restart ({time.monotonic() - started:.0f} s)"

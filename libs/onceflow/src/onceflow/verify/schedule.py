@@ -29,29 +29,22 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from onceflow.infra.kafka import active_controller
 from onceflow.infra.kafka import cluster as kafka_cluster
 from onceflow.config import CommonSettings
 from onceflow.infra.redis import RedisServer, current_primary, sentinel_of
 from onceflow.infra.redis import topology as redis_topology
 from onceflow.redis_client import connect
 from onceflow.verify import kafka_faults, redis_faults
+from onceflow.verify.kafka_faults import CLUSTER_KINDS
 from onceflow.verify.supervisor import SERVICES, ZOMBIE_SERVICES, Supervisor
 
 log = logging.getLogger(__name__)
 
-# Faults only a replicated cluster can take (kafka_faults finds their targets).
-CLUSTER_KINDS = ("leader-kill9", "coordinator-kill9", "controller-kill9", "broker-pause", "rolling-restart", "min-isr")
 KINDS = (
     "kill9", "crash_in_txn", "zombie", "broker", *CLUSTER_KINDS,
     "redis-kill9", "redis-rollback", "redis-flush", "redis-failover",
 )
 REDIS_KINDS = tuple(kind for kind in KINDS if kind.startswith("redis-"))
-# How long a paused broker stays silent: past its session (3 s) and past the clients' request
-# timeouts, so leaderships move and its connections go stale before it wakes.
-PAUSE_S = (20.0, 40.0)
-# Two nodes down (min.insync.replicas unmet, and no controller quorum either) this long.
-MIN_ISR_OUTAGE_S = (5.0, 12.0)
 
 
 def available_kinds() -> tuple[str, ...]:
@@ -131,51 +124,6 @@ class FaultSchedule(threading.Thread):
         old.start()
         return f"redis failover: primary {old.port} killed, {new.port} promoted after {promoted_s:.0f} s, {old.port} rejoined"
 
-    def _cluster_fault(self, kind: str, started: float) -> str:
-        nodes = kafka_cluster()
-        by_id = {node.node_id: node for node in nodes}
-        bootstrap = ",".join(node.bootstrap for node in nodes)
-        if kind == "leader-kill9":
-            leaders = kafka_faults.partition_leaders(bootstrap, self.supervisor.prefix)
-            (topic, partition), leader = self.rng.choice(sorted(leaders.items()))
-            by_id[leader].restart(hard=True)
-            return f"kill -9 of {by_id[leader].name}, leader of {topic}[{partition}], and restart ({time.monotonic() - started:.0f} s)"
-        if kind == "coordinator-kill9":
-            live = kafka_faults.coordinators(bootstrap, self.supervisor.prefix)
-            if not live:
-                raise RuntimeError(f"no transactional.id of {self.supervisor.prefix!r} in {kafka_faults.TRANSACTION_STATE}")
-            txn_id, coordinator = self.rng.choice(sorted(live.items()))
-            by_id[coordinator].restart(hard=True)
-            return f"kill -9 of {by_id[coordinator].name}, coordinator of {txn_id}, and restart ({time.monotonic() - started:.0f} s)"
-        if kind == "controller-kill9":
-            controller = active_controller(nodes)
-            if controller is None:
-                raise RuntimeError("no active KRaft controller to kill")
-            controller.restart(hard=True)
-            return f"kill -9 of {controller.name}, the active controller, and restart ({time.monotonic() - started:.0f} s)"
-        if kind == "broker-pause":
-            node, pause_s = self.rng.choice(nodes), self.rng.uniform(*PAUSE_S)
-            node.pause()
-            try:
-                time.sleep(pause_s)
-            finally:
-                node.resume()
-            return f"{node.name} paused (SIGSTOP) for {pause_s:.0f} s, then resumed"
-        if kind == "rolling-restart":
-            for node in nodes:
-                node.restart(hard=False)
-                kafka_faults.wait_fully_replicated(bootstrap)
-            return f"rolling restart of {len(nodes)} nodes ({time.monotonic() - started:.0f} s)"
-        down, outage_s = self.rng.sample(nodes, 2), self.rng.uniform(*MIN_ISR_OUTAGE_S)
-        for node in down:
-            node.kill()
-        time.sleep(outage_s)
-        for node, pid in [(node, node.spawn()) for node in down]:
-            if pid is not None:
-                node.wait_ready(pid)
-        names = " and ".join(node.name for node in down)
-        return f"kill -9 of {names} (min.insync.replicas unmet) for {outage_s:.0f} s, then restart ({time.monotonic() - started:.0f} s)"
-
     def _inject(self, kind: str) -> str:
         started = time.monotonic()
         if kind == "kill9":
@@ -197,7 +145,7 @@ class FaultSchedule(threading.Thread):
             how = "SIGKILL" if self._hard_broker else "graceful"
             return f"{node.name} restart ({how}, {time.monotonic() - started:.0f} s)"
         if kind in CLUSTER_KINDS:
-            return self._cluster_fault(kind, started)
+            return kafka_faults.inject(kind, self.rng, self.supervisor.prefix)
         servers = redis_topology()
         if kind == "redis-kill9":
             primary = current_primary(servers)
