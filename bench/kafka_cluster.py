@@ -126,8 +126,8 @@ def _measure(brokers: int, options: PipelineOptions, saturation: int, warm_up: i
 
 def main(
     kinds: str = typer.Option("leader-kill9,coordinator-kill9,controller-kill9,broker-pause", help="Fault kinds to time."),
-    saturation: int = typer.Option(40_000, help="Records pushed as fast as ingest takes them, per topology."),
-    warm_up: int = typer.Option(10_000, help="Records through each fresh pipeline first (Spark's JIT)."),
+    saturation: int = typer.Option(150_000, help="Records pushed as fast as ingest takes them, per topology."),
+    warm_up: int = typer.Option(20_000, help="Records through each fresh pipeline first (Spark's JIT)."),
     load: float = typer.Option(0.5, help="Offered rate during the faults, as a share of the cluster's sustainable rate."),
     pre: float = typer.Option(15.0, help="Seconds of load before each fault."),
     post: float = typer.Option(60.0, help="Seconds of load after each fault starts."),

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from onceflow.config import CommonSettings
+from onceflow.infra.kafka import KafkaBroker
 from onceflow.infra.topics import TopicReplicationError, delete_topics, ensure_topics, load_specs
 from tests.conftest import free_port
 
@@ -65,3 +66,15 @@ def test_compose_topics_job_works_against_any_bootstrap_list(infra: None) -> Non
             ensure_topics(live, prefix + "x.", [replace(spec, replication_factor=3)])
     finally:
         delete_topics(live, prefix)
+
+
+def test_a_cluster_node_in_a_fresh_home_installs_the_shared_jars(tmp_path: Path) -> None:
+    """A cluster's nodes share one jar folder (``libs_home``); in a fresh home the first node to
+    start assembles it there, without `infra install` having run (verify --brokers 3 starts a
+    cluster this way)."""
+    node = KafkaBroker(
+        port=free_port(), controller_port=free_port(), home=tmp_path / "kafka-cluster" / "node-1", node_id=1,
+        voters="1@127.0.0.1:1", libs_home=tmp_path / "kafka",
+    )
+    assert node.install() and node.is_installed()
+    assert any((tmp_path / "kafka" / "libs").glob("kafka-clients-*.jar")), sorted((tmp_path / "kafka").rglob("*"))[:10]

@@ -161,7 +161,9 @@ class KafkaBroker:
             raise InfraError(
                 "mvn not found: the broker's jars come from Maven Central (apt-get install maven)"
             )
-        staging = self.home / "libs.partial"
+        # Beside libs_dir, which a cluster's nodes share (in a fresh home, not yet made).
+        staging = self.libs_dir.parent / "libs.partial"
+        staging.parent.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(staging, ignore_errors=True)
         cmd = [mvn, "-q", "-B", "-f", str(self.pom), "validate", f"-Donceflow.kafka.libs={staging}"]
         res = subprocess.run(cmd, capture_output=True, text=True)

@@ -32,6 +32,9 @@ def _reraise(exc: BaseException) -> None:
     raise exc
 
 
+_HUNG_AFTER_S = 10.0
+
+
 class CallWatchdog:
     """Ends the process (exit 4, for a restart) when one producer call outlives ``limit_s``.
 
@@ -173,8 +176,9 @@ class TransactionalProducer:
         FencedError (fatal), IndefiniteOutcome (unknown result) or KafkaException (abortable)."""
         for attempt in range(1, _RETRIES + 1):
             try:
-                # Each call is bounded by its own timeout; twice that and more means librdkafka hung.
-                with self._watchdog.guard(getattr(call, "__qualname__", "call"), 2 * self._timeout + 15):
+                # Each call is bounded by its own timeout; 10 s past it means librdkafka hung (a
+                # controller kill on the cluster cost 121 s to recover with twice the timeout + 15).
+                with self._watchdog.guard(getattr(call, "__qualname__", "call"), self._timeout + _HUNG_AFTER_S):
                     return call()
             except KafkaException as exc:
                 kind = classify(exc)
