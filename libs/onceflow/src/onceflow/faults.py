@@ -20,7 +20,10 @@ worth testing (see ``POINTS``).
   blindly: no continuity check on writes or deciding reads, so a Redis that went back in time
   lets duplicates through and leaves wrong rows.
 
-Never set it outside a test of the checker.
+Never set it outside a test of the checker: a service refuses to start with it unless
+``ONCEFLOW_ALLOW_SABOTAGE=1`` is set too. Every service logs the test-only switches it runs with
+(``guard_switches``) and its Admin ``Status`` lists them (``test_switches``), so a leftover
+``export`` in a shell cannot quietly turn a pipeline into a broken one.
 """
 
 from __future__ import annotations
@@ -45,6 +48,9 @@ POINTS = (
 ENV = "ONCEFLOW_FAULT"
 SABOTAGE_ENV = "ONCEFLOW_SABOTAGE"
 SABOTAGES = ("offsets_outside_txn", "read_uncommitted", "redis_unchecked")
+ALLOW_SABOTAGE_ENV = "ONCEFLOW_ALLOW_SABOTAGE"
+# Not a fault, but as weakening: the bench's at-least-once twin of every producer.
+GUARANTEE_ENV = "ONCEFLOW_PROCESSING_GUARANTEE"
 log = logging.getLogger(__name__)
 
 
@@ -102,3 +108,29 @@ def sabotaged(name: str) -> bool:
     (a comma-separated list in ``ONCEFLOW_SABOTAGE``)."""
     assert name in SABOTAGES, name
     return name in _sabotages
+
+
+class SabotageNotAllowed(RuntimeError):
+    """A sabotage switch is set without the explicit allow setting beside it."""
+
+
+def active_switches() -> list[str]:
+    """The test-only switches set in this process's environment, as ``NAME=value``."""
+    switches = [f"{name}={os.environ[name]}" for name in (ENV, SABOTAGE_ENV) if os.environ.get(name)]
+    if os.environ.get(GUARANTEE_ENV, "exactly_once") != "exactly_once":
+        switches.append(f"{GUARANTEE_ENV}={os.environ[GUARANTEE_ENV]}")
+    return switches
+
+
+def guard_switches(service: str) -> list[str]:
+    """Say loudly which test-only switches ``service`` runs with; refuse a sabotage that was not
+    explicitly allowed. The switches, for Status."""
+    switches = active_switches()
+    if switches:
+        log.warning("%s runs with test-only switches: %s", service, "; ".join(switches))
+    if os.environ.get(SABOTAGE_ENV) and os.environ.get(ALLOW_SABOTAGE_ENV) != "1":
+        raise SabotageNotAllowed(
+            f"{SABOTAGE_ENV}={os.environ[SABOTAGE_ENV]} builds a deliberately broken pipeline (tests of the "
+            f"checker only); {service} starts with it only if {ALLOW_SABOTAGE_ENV}=1 is set too"
+        )
+    return switches

@@ -7,7 +7,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from onceflow.config import CommonSettings, LoopSettings
 
-RECORD_ID_MAX_BYTES = 256  # part of the contract (DESIGN.md section 3), not a tunable
+RECORD_ID_MAX_BYTES = 256  # part of the contract (docs/services/ingest.md), not a tunable
 
 
 class IngestSettings(BaseSettings):

@@ -13,7 +13,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from onceflow import __version__
+from onceflow import __version__, faults
 from onceflow.admin.auth import TokenAuthInterceptor
 from onceflow.admin.tls import ServerTLS
 from onceflow.v1 import admin_pb2, admin_pb2_grpc
@@ -46,11 +46,12 @@ class AdminControls(Protocol):
 
 
 class _AdminServicer(admin_pb2_grpc.AdminServicer):
-    def __init__(self, service: str, instance: str, controls: AdminControls) -> None:
+    def __init__(self, service: str, instance: str, controls: AdminControls, test_switches: list[str]) -> None:
         self._service = service
         self._instance = instance
         self._controls = controls
         self._started = time.monotonic()
+        self._test_switches = test_switches
 
     def Status(self, request: admin_pb2.StatusRequest, context: grpc.ServicerContext) -> admin_pb2.StatusReply:
         snap = self._controls.status()
@@ -70,6 +71,7 @@ class _AdminServicer(admin_pb2_grpc.AdminServicer):
             last_error=snap.last_error,
             uptime_seconds=time.monotonic() - self._started,
             gauges=snap.gauges,
+            test_switches=self._test_switches,
         )
 
     def Pause(self, request: admin_pb2.PauseRequest, context: grpc.ServicerContext) -> admin_pb2.PauseReply:
@@ -106,6 +108,9 @@ class ServiceServer:
         max_workers: int = 32,
         tls: ServerTLS | None = None,
     ) -> None:
+        # Every service builds its server here, at start: the one place to refuse a sabotaged
+        # build that was not explicitly allowed, and to say which test switches are on.
+        test_switches = faults.guard_switches(service)
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"{service}-grpc"),
             interceptors=[TokenAuthInterceptor(admin_token)],
@@ -113,7 +118,7 @@ class ServiceServer:
         )
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
-        admin_pb2_grpc.add_AdminServicer_to_server(_AdminServicer(service, instance, controls), self._server)
+        admin_pb2_grpc.add_AdminServicer_to_server(_AdminServicer(service, instance, controls, test_switches), self._server)
         add_servicers(self._server)
         names = (
             admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,

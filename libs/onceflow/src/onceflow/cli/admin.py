@@ -152,6 +152,7 @@ def _status_table(results: list[fleet.ServiceStatus]) -> RenderableType:
         keep = {"service": 7, "health": 11, "state": 8}.get(column)
         table.add_column(column, no_wrap=True, justify="right" if numeric else "left", min_width=keep)
     errors = Table.grid(padding=(0, 1))
+    switched = Table.grid(padding=(0, 1))
     for r in results:
         health = {"SERVING": "[green]SERVING[/]", fleet.DOWN: "[red]DOWN[/]"}.get(r.health, f"[yellow]{r.health}[/]")
         if r.error:
@@ -162,6 +163,8 @@ def _status_table(results: list[fleet.ServiceStatus]) -> RenderableType:
         if s is None:
             table.add_row(r.endpoint.name, r.endpoint.address, "-", health, *["-"] * 7)
             continue
+        if s.test_switches:
+            switched.add_row(f"{r.endpoint.name} {r.endpoint.address}:", f"[bold red]{escape('; '.join(s.test_switches))}[/]")
         partitions = sorted(p.partition for p in s.partitions)
         table.add_row(
             s.service or r.endpoint.name, r.endpoint.address, s.instance, health, s.state,
@@ -170,9 +173,12 @@ def _status_table(results: list[fleet.ServiceStatus]) -> RenderableType:
             f"{s.records_in:,}", f"{s.records_out:,}",
             f"{s.transactions_committed:,}", f"{s.transactions_aborted:,}",
         )
+    parts: list[RenderableType] = [table]
+    if switched.row_count:
+        parts += [Text("\ntest-only switches on (not for production):", style="bold red"), switched]
     if errors.row_count:
-        return Group(table, Text("\nlast errors:", style="bold"), errors)
-    return table
+        parts += [Text("\nlast errors:", style="bold"), errors]
+    return Group(*parts) if len(parts) > 1 else table
 
 
 def _short(error: str) -> str:

@@ -1,4 +1,5 @@
-"""The three error classes of a Kafka transaction (DESIGN.md section 4), decided in one place."""
+"""The error classes of a Kafka transaction, decided in one place (docs/architecture.md, "One
+transactional hop")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The one transactional hop every stage runs (DESIGN.md section 4).
+"""The one transactional hop every stage runs (docs/architecture.md, "One transactional hop").
 
 poll a read_committed batch -> let the stage process it (pure: outputs and state overlay are
 buffered) -> begin -> produce outputs and changelog -> send_offsets_to_transaction with the

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from onceflow.config import CommonSettings
-from onceflow.faults import SABOTAGE_ENV, SABOTAGES
+from onceflow.faults import ALLOW_SABOTAGE_ENV, SABOTAGE_ENV, SABOTAGES
 from onceflow.infra import stack
 from onceflow.infra.kafka import cluster as kafka_cluster
 from onceflow.infra.topics import delete_topics, ensure_topics
@@ -154,7 +154,7 @@ def run(options: CampaignOptions, on_progress: Callable[[Progress], None] = lamb
     log_dir = Path(tempfile.mkdtemp(prefix="onceflow-verify-"))
     note(f"topics {prefix!r} on {len(nodes)} broker(s); service logs in {log_dir}")
     if options.sabotage:
-        env[SABOTAGE_ENV] = options.sabotage
+        env |= {SABOTAGE_ENV: options.sabotage, ALLOW_SABOTAGE_ENV: "1"}
         note(f"[red]sabotaged build[/]: {options.sabotage}")
     load = workload(options)
     supervisor = Supervisor(prefix, log_dir, settings={"compute": load.compute_settings}, env=env)

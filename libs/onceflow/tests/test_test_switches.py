@@ -1,0 +1,62 @@
+"""Test-only switches are never quiet: a service says which are on, lists them in Status, and
+refuses a sabotaged build unless it was explicitly allowed."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from onceflow import faults
+from onceflow.admin import ServiceServer, StatusSnapshot
+from onceflow.v1 import admin_pb2, admin_pb2_grpc
+
+
+class _Idle:
+    def status(self) -> StatusSnapshot:
+        return StatusSnapshot(state="RUNNING")
+
+    def pause(self) -> str:
+        return "PAUSED"
+
+    def resume(self) -> str:
+        return "RUNNING"
+
+    def drain(self, timeout_s: float) -> tuple[str, bool]:
+        return "DRAINED", True
+
+
+def _server() -> ServiceServer:
+    return ServiceServer(service="acker", instance="t", host="127.0.0.1", port=0, controls=_Idle(), admin_token="")
+
+
+@pytest.fixture(autouse=True)
+def _clean(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in (faults.ENV, faults.SABOTAGE_ENV, faults.ALLOW_SABOTAGE_ENV, faults.GUARANTEE_ENV):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_a_sabotaged_build_refuses_to_start_unless_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(faults.SABOTAGE_ENV, "read_uncommitted")
+    with pytest.raises(faults.SabotageNotAllowed, match="ONCEFLOW_ALLOW_SABOTAGE=1"):
+        _server()
+    monkeypatch.setenv(faults.ALLOW_SABOTAGE_ENV, "1")
+    assert faults.guard_switches("acker") == ["ONCEFLOW_SABOTAGE=read_uncommitted"]
+
+
+def test_status_lists_the_switches_that_are_on(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv(faults.ENV, "after_produce@2")
+    monkeypatch.setenv(faults.GUARANTEE_ENV, "at_least_once")
+    server = _server()
+    server.start()
+    try:
+        with grpc.insecure_channel(server.address) as channel:
+            reply = admin_pb2_grpc.AdminStub(channel).Status(admin_pb2.StatusRequest(), timeout=5)
+    finally:
+        server.stop(0)
+    assert list(reply.test_switches) == ["ONCEFLOW_FAULT=after_produce@2", "ONCEFLOW_PROCESSING_GUARANTEE=at_least_once"]
+    assert "runs with test-only switches" in caplog.text
+
+
+def test_a_production_process_has_none(caplog: pytest.LogCaptureFixture) -> None:
+    assert faults.guard_switches("acker") == []
+    assert "test-only" not in caplog.text
