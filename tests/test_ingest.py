@@ -117,6 +117,8 @@ def test_bad_requests_get_precise_errors_and_lose_nothing_valid(pipeline: Pipeli
         "records[1].record_id: 257 bytes, the limit is 256": IngestRecord(record_id=b"x" * 257),
         "records[1].record_id: not valid UTF-8": IngestRecord(record_id=b"bad\xc3("),
         "records[1].payload: 1001 bytes, the limit is 1000": IngestRecord(record_id=b"big", payload=b"p" * 1001),
+        # Near Kafka's message limit: refused alone, before it can fail a group commit it shares.
+        "records[1].headers['trace']: 900000 bytes, the limit is 16384": IngestRecord(record_id=b"hdr", headers={"trace": "v" * 900_000}),
     }
     for message, record in bad.items():
         request = ingest_pb2.IngestRequest(records=[ok, record])
@@ -137,17 +139,19 @@ def test_bad_requests_get_precise_errors_and_lose_nothing_valid(pipeline: Pipeli
         ingest_pb2.IngestRequest(records=[IngestRecord(record_id=b"\xff"), IngestRecord(record_id=b"s3")]),
         ingest_pb2.IngestRequest(records=[IngestRecord(record_id=b"s4", payload=b"p" * 5000)]),
         ingest_pb2.IngestRequest(records=[IngestRecord(record_id=b"s5")]),
+        ingest_pb2.IngestRequest(records=[IngestRecord(record_id=b"s6", headers={"h": "v" * 20_000}), IngestRecord(record_id=b"s7")]),
     ]
     reply = stub.IngestStream(iter(stream), timeout=30)
-    assert reply.accepted == 3
+    assert reply.accepted == 4
     assert [(r.index, r.field) for r in reply.rejected] == [
         (1, "stream[1].record_id"),
         (2, "stream[2].record_id"),
         (4, "stream[4].payload"),
+        (6, "stream[6].headers['h']"),
     ]
     channel.close()
     ids = sorted(checker.record_id(r) for r in _committed(pipeline))
-    assert ids == ["after", "s0", "s3", "s5"]
+    assert ids == ["after", "s0", "s3", "s5", "s7"]
     assert proc.alive()
     assert proc.terminate() == 0, proc.log_tail()
 

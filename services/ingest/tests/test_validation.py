@@ -22,6 +22,10 @@ LIMITS = Limits(max_payload_bytes=100, max_key_bytes=10)
         (IngestRecord(record_id=b"a", payload=b"p" * 101), "records[4].payload", "101 bytes, the limit is 100"),
         (IngestRecord(record_id=b"a", key=b"k" * 11), "records[4].key", "11 bytes"),
         (IngestRecord(record_id=b"a", event_time_ms=-1), "records[4].event_time_ms", "negative"),
+        (IngestRecord(record_id=b"a", headers={f"h{i}": "" for i in range(33)}), "records[4].headers", "33 headers, the limit is 32"),
+        (IngestRecord(record_id=b"a", headers={"n" * 257: ""}), "records[4].headers", "a name of 257 bytes"),
+        (IngestRecord(record_id=b"a", headers={"trace": "v" * (16 * 1024 + 1)}), "records[4].headers['trace']", "16385 bytes"),
+        (IngestRecord(record_id=b"a", payload=b"p" * 90, headers={f"h{i}": "v" * 16_384 for i in range(32)}), "records[4]", "bytes in all, the limit is 524288"),
     ],
 )
 def test_invalid_records_name_field_and_index(record, field, message):

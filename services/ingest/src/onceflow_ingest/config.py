@@ -27,6 +27,12 @@ class IngestSettings(BaseSettings):
     # Kafka's default message.max.bytes is ~1 MiB; leave room for the envelope and a batch.
     max_payload_bytes: int = Field(default=256 * 1024, ge=1, le=900 * 1024)
     max_key_bytes: int = Field(default=4096, ge=1)
+    # Headers are the caller's, copied into the envelope: bounded like the payload.
+    max_headers: int = Field(default=32, ge=0)
+    max_header_key_bytes: int = Field(default=256, ge=1)
+    max_header_value_bytes: int = Field(default=16 * 1024, ge=1)
+    # The whole serialized record, so one record can never make a group commit too large for Kafka.
+    max_record_bytes: int = Field(default=512 * 1024, ge=1, le=900 * 1024)
     # Group commit: one transaction carries what concurrent callers sent, up to this many.
     max_transaction_records: int = Field(default=5_000, ge=1)
     retry_after_ms: int = Field(default=200, ge=1)

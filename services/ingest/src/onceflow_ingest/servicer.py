@@ -28,7 +28,10 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
     def __init__(self, settings: IngestSettings, committer: GroupCommitter) -> None:
         self._settings = settings
         self._committer = committer
-        self._limits = Limits(settings.max_payload_bytes, settings.max_key_bytes)
+        self._limits = Limits(
+            settings.max_payload_bytes, settings.max_key_bytes, settings.max_headers, settings.max_header_key_bytes,
+            settings.max_header_value_bytes, settings.max_record_bytes,
+        )
         self.accepted = 0
         # Cleared by Admin Pause/Drain: calls then get UNAVAILABLE, nothing is queued.
         self.accepting = threading.Event()

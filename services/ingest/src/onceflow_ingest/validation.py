@@ -14,6 +14,12 @@ from onceflow_ingest.config import RECORD_ID_MAX_BYTES
 class Limits:
     max_payload_bytes: int
     max_key_bytes: int
+    max_headers: int = 32
+    max_header_key_bytes: int = 256
+    max_header_value_bytes: int = 16 * 1024
+    # The whole record as ingest will write it: a record Kafka would refuse as too large must
+    # be refused here, alone, not fail the group commit it would share with other callers.
+    max_record_bytes: int = 512 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +51,15 @@ def check_record(index: int, record: IngestRecord, limits: Limits, field_prefix:
         return Invalid(index, f"{where}.key", f"{len(record.key)} bytes, the limit is {limits.max_key_bytes}")
     if record.event_time_ms < 0:
         return Invalid(index, f"{where}.event_time_ms", f"{record.event_time_ms} is negative")
+    if len(record.headers) > limits.max_headers:
+        return Invalid(index, f"{where}.headers", f"{len(record.headers)} headers, the limit is {limits.max_headers}")
+    for name, value in record.headers.items():
+        if len(name.encode()) > limits.max_header_key_bytes:
+            return Invalid(index, f"{where}.headers", f"a name of {len(name.encode())} bytes, the limit is {limits.max_header_key_bytes}")
+        if len(value.encode()) > limits.max_header_value_bytes:
+            return Invalid(index, f"{where}.headers[{name!r}]", f"{len(value.encode())} bytes, the limit is {limits.max_header_value_bytes}")
+    if (size := record.ByteSize()) > limits.max_record_bytes:
+        return Invalid(index, where, f"{size} bytes in all, the limit is {limits.max_record_bytes}")
     return None
 
 
