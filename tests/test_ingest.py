@@ -108,7 +108,10 @@ def _expect(code: grpc.StatusCode, text: str, call, *args) -> None:
 
 
 def test_bad_requests_get_precise_errors_and_lose_nothing_valid(pipeline: Pipeline) -> None:
-    proc, address = _ingest(pipeline, ONCEFLOW_INGEST_MAX_PAYLOAD_BYTES="1000")
+    proc, address = _ingest(
+        pipeline, ONCEFLOW_INGEST_MAX_PAYLOAD_BYTES="1000", ONCEFLOW_INGEST_MAX_REQUEST_RECORDS="5",
+        ONCEFLOW_INGEST_MAX_REQUEST_BYTES="2000000",
+    )
     channel = grpc.insecure_channel(address)
     stub = ingest_pb2_grpc.IngestStub(channel)
     ok = IngestRecord(record_id=b"fine", payload=b"p")
@@ -149,9 +152,21 @@ def test_bad_requests_get_precise_errors_and_lose_nothing_valid(pipeline: Pipeli
         (4, "stream[4].payload"),
         (6, "stream[6].headers['h']"),
     ]
+    # A stream message past the per-message cap ends the stream, naming what it had committed.
+    too_many = [
+        ingest_pb2.IngestRequest(records=[IngestRecord(record_id=b"t0")]),
+        ingest_pb2.IngestRequest(records=[IngestRecord(record_id=f"t{i}".encode()) for i in range(1, 7)]),
+    ]
+    _expect(
+        grpc.StatusCode.INVALID_ARGUMENT, "a message of 6 records, the limit per message is 5 (1 records of this stream",
+        stub.IngestStream, iter(too_many),
+    )
+    # A request over the byte cap is refused by gRPC before ingest reads it.
+    huge = ingest_pb2.IngestRequest(records=[IngestRecord(record_id=b"huge", payload=b"p" * 3_000_000)])
+    _expect(grpc.StatusCode.RESOURCE_EXHAUSTED, "larger than max", stub.Ingest, huge)
     channel.close()
     ids = sorted(checker.record_id(r) for r in _committed(pipeline))
-    assert ids == ["after", "s0", "s3", "s5", "s7"]
+    assert ids == ["after", "s0", "s3", "s5", "s7", "t0"]
     assert proc.alive()
     assert proc.terminate() == 0, proc.log_tail()
 

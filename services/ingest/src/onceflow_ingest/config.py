@@ -24,6 +24,9 @@ class IngestSettings(BaseSettings):
     # processed). Past it, callers get RESOURCE_EXHAUSTED with a retry hint.
     max_pending: int = Field(default=50_000, ge=1)
     max_request_records: int = Field(default=10_000, ge=1)
+    # One Ingest call or stream message, serialized: gRPC refuses more (RESOURCE_EXHAUSTED)
+    # before ingest reads it.
+    max_request_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024)
     # Kafka's default message.max.bytes is ~1 MiB; leave room for the envelope and a batch.
     max_payload_bytes: int = Field(default=256 * 1024, ge=1, le=900 * 1024)
     max_key_bytes: int = Field(default=4096, ge=1)

@@ -90,6 +90,7 @@ class IngestService:
             controls=self,
             admin_token=settings.common.admin_token,
             tls=ServerTLS.from_settings(common),
+            max_receive_bytes=settings.max_request_bytes,
             add_servicers=lambda server: ingest_pb2_grpc.add_IngestServicer_to_server(self.servicer, server),
             service_names=(ingest_pb2.DESCRIPTOR.services_by_name["Ingest"].full_name,),
         )

@@ -87,6 +87,13 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
             self._check_accepting(context)
             if request.wait == ingest_pb2.WAIT_FOR_PROCESSED:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, "wait: WAIT_FOR_PROCESSED is only for unary Ingest")
+            if len(request.records) > self._settings.max_request_records:
+                before = f" ({reply.accepted} records of this stream were committed before this)" if reply.accepted else ""
+                self._reject(
+                    context, "too_many",
+                    f"stream: a message of {len(request.records)} records, the limit per message is "
+                    f"{self._settings.max_request_records}{before}",
+                )
             ingest_time = now_ms()
             envelopes: list[KafkaRecord] = []
             for record in request.records:

@@ -107,6 +107,7 @@ class ServiceServer:
         service_names: tuple[str, ...] = (),
         max_workers: int = 32,
         tls: ServerTLS | None = None,
+        max_receive_bytes: int = 4 * 1024 * 1024,
     ) -> None:
         # Every service builds its server here, at start: the one place to refuse a sabotaged
         # build that was not explicitly allowed, and to say which test switches are on.
@@ -114,7 +115,8 @@ class ServiceServer:
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"{service}-grpc"),
             interceptors=[TokenAuthInterceptor(admin_token)],
-            options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)],
+            # gRPC's own default: admin and query requests are small. Ingest sizes it to its caps.
+            options=[("grpc.max_receive_message_length", max_receive_bytes)],
         )
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
