@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 import pytest
 
 from onceflow.client import IngestClient, RetryPolicy
@@ -230,3 +232,33 @@ def test_admin_status_pause_needs_token_and_sigterm_is_clean(pipeline: Pipeline)
     channel.close()
     assert proc.terminate() == 0, proc.log_tail()
     assert "stopped cleanly" in proc.log_tail()
+
+
+def test_open_streams_past_the_call_limit_are_refused_and_health_and_admin_still_answer(pipeline: Pipeline) -> None:
+    """Slow calls (idle streams here, wait=PROCESSED in production) cannot take the threads that
+    health checks and Admin calls need: past max_concurrent_calls a call is refused at once."""
+    proc, address = _ingest(pipeline, ONCEFLOW_INGEST_MAX_CONCURRENT_CALLS="2")
+    channel = grpc.insecure_channel(address)
+    stub = ingest_pb2_grpc.IngestStub(channel)
+    release = threading.Event()
+
+    def idle_stream(name: str) -> Iterator[ingest_pb2.IngestRequest]:
+        yield ingest_pb2.IngestRequest(records=[IngestRecord(record_id=name.encode())])
+        release.wait(60)
+
+    streams = [stub.IngestStream.future(idle_stream(f"open{i}"), timeout=90) for i in range(2)]
+    try:
+        eventually(lambda: len(_committed(pipeline)) == 2, 30, "both streams' first records committed")
+        _expect(
+            grpc.StatusCode.RESOURCE_EXHAUSTED, "2 calls already in progress, the limit", stub.Ingest,
+            ingest_pb2.IngestRequest(records=[IngestRecord(record_id=b"third")]),
+        )
+        health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+        assert admin_pb2_grpc.AdminStub(channel).Status(admin_pb2.StatusRequest(), timeout=5).state == "RUNNING"
+    finally:
+        release.set()
+    assert [stream.result().accepted for stream in streams] == [1, 1]
+    assert stub.Ingest(ingest_pb2.IngestRequest(records=[IngestRecord(record_id=b"later")]), timeout=10).accepted == 1
+    channel.close()
+    assert proc.terminate() == 0, proc.log_tail()

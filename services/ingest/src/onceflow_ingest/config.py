@@ -24,6 +24,9 @@ class IngestSettings(BaseSettings):
     # processed). Past it, callers get RESOURCE_EXHAUSTED with a retry hint.
     max_pending: int = Field(default=50_000, ge=1)
     max_request_records: int = Field(default=10_000, ge=1)
+    # Ingest and IngestStream calls in progress at once (wait=PROCESSED and streams can stay
+    # open for long); past it, RESOURCE_EXHAUSTED. Health and Admin keep threads of their own.
+    max_concurrent_calls: int = Field(default=24, ge=1, le=1024)
     # One Ingest call or stream message, serialized: gRPC refuses more (RESOURCE_EXHAUSTED)
     # before ingest reads it.
     max_request_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024)

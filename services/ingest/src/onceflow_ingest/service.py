@@ -6,7 +6,7 @@ import logging
 import threading
 
 from onceflow import acks, metrics
-from onceflow.admin import ServerTLS, ServiceServer, StatusSnapshot
+from onceflow.admin import RESERVED_FOR_ADMIN, ServerTLS, ServiceServer, StatusSnapshot
 from onceflow.kafka.inspect import wait_partition_count
 from onceflow.runner import on_stop_signals
 from onceflow.txn import TransactionalLoop
@@ -91,6 +91,7 @@ class IngestService:
             admin_token=settings.common.admin_token,
             tls=ServerTLS.from_settings(common),
             max_receive_bytes=settings.max_request_bytes,
+            max_workers=settings.max_concurrent_calls + RESERVED_FOR_ADMIN,
             add_servicers=lambda server: ingest_pb2_grpc.add_IngestServicer_to_server(self.servicer, server),
             service_names=(ingest_pb2.DESCRIPTOR.services_by_name["Ingest"].full_name,),
         )

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import grpc
 
 from onceflow import metrics
+from onceflow.admin import CallSlots
 from onceflow.codec import new_id, now_ms
 from onceflow.v1 import ingest_pb2, ingest_pb2_grpc
 
@@ -33,11 +34,16 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
             settings.max_header_value_bytes, settings.max_record_bytes,
         )
         self.accepted = 0
+        self._slots = CallSlots(settings.max_concurrent_calls, settings.retry_after_ms)
         # Cleared by Admin Pause/Drain: calls then get UNAVAILABLE, nothing is queued.
         self.accepting = threading.Event()
         self.accepting.set()
 
     def Ingest(self, request: ingest_pb2.IngestRequest, context: grpc.ServicerContext) -> ingest_pb2.IngestReply:
+        with self._slots.take(context, "Ingest"):
+            return self._ingest(request, context)
+
+    def _ingest(self, request: ingest_pb2.IngestRequest, context: grpc.ServicerContext) -> ingest_pb2.IngestReply:
         self._check_accepting(context)
         waiter = None
         if request.wait == ingest_pb2.WAIT_FOR_PROCESSED:
@@ -79,6 +85,12 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
             context.abort(grpc.StatusCode.ABORTED, "processing failed: " + "; ".join(waiter.failures[:3]) + more)
 
     def IngestStream(
+        self, request_iterator: Iterator[ingest_pb2.IngestRequest], context: grpc.ServicerContext
+    ) -> ingest_pb2.IngestReply:
+        with self._slots.take(context, "IngestStream"):
+            return self._ingest_stream(request_iterator, context)
+
+    def _ingest_stream(
         self, request_iterator: Iterator[ingest_pb2.IngestRequest], context: grpc.ServicerContext
     ) -> ingest_pb2.IngestReply:
         reply = ingest_pb2.IngestReply()

@@ -1,6 +1,6 @@
 """The gRPC server base every service uses: its RPCs, Admin, health, reflection, auth, TLS."""
 
-from onceflow.admin.server import AdminControls, ServiceServer, StatusSnapshot
+from onceflow.admin.server import RESERVED_FOR_ADMIN, AdminControls, CallSlots, ServiceServer, StatusSnapshot
 from onceflow.admin.tls import ClientTLS, ServerTLS, channel
 
-__all__ = ["AdminControls", "ClientTLS", "ServerTLS", "ServiceServer", "StatusSnapshot", "channel"]
+__all__ = ["RESERVED_FOR_ADMIN", "AdminControls", "CallSlots", "ClientTLS", "ServerTLS", "ServiceServer", "StatusSnapshot", "channel"]

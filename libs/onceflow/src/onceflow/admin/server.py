@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent import futures
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -43,6 +45,35 @@ class AdminControls(Protocol):
     def resume(self) -> str: ...
 
     def drain(self, timeout_s: float) -> tuple[str, bool]: ...
+
+
+# Server threads kept free of data-plane calls, so health checks and Admin calls are answered
+# however many slow calls (wait=PROCESSED, idle streams, big scans) are open.
+RESERVED_FOR_ADMIN = 8
+
+
+class CallSlots:
+    """A cap on a service's concurrent data-plane calls (``limit``; the server runs ``limit`` +
+    ``RESERVED_FOR_ADMIN`` threads). A call past it is refused at once with RESOURCE_EXHAUSTED
+    and a retry hint, instead of waiting for a thread the health checker needs too."""
+
+    def __init__(self, limit: int, retry_after_ms: int = 200) -> None:
+        self.limit = limit
+        self._free = threading.BoundedSemaphore(limit)
+        self._retry_after_ms = retry_after_ms
+
+    @contextmanager
+    def take(self, context: grpc.ServicerContext, what: str) -> Iterator[None]:
+        if not self._free.acquire(blocking=False):
+            context.set_trailing_metadata((("retry-after-ms", str(self._retry_after_ms)),))
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{what}: {self.limit} calls already in progress, the limit; retry after {self._retry_after_ms} ms",
+            )
+        try:
+            yield
+        finally:
+            self._free.release()
 
 
 class _AdminServicer(admin_pb2_grpc.AdminServicer):
