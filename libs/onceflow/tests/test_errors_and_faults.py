@@ -92,8 +92,9 @@ class _ConsumerThatNeverAnswers:
 def test_a_consumer_stuck_without_its_committed_offsets_ends_the_loop_for_a_restart(monkeypatch) -> None:
     from onceflow.config import CommonSettings, LoopSettings
     from onceflow.txn import loop as loop_module
+    from onceflow.txn import offsets
 
-    monkeypatch.setattr(loop_module, "_COMMITTED_TRIES", 2)
+    monkeypatch.setattr(offsets, "COMMITTED_TRIES", 2)
     hop = loop_module.TransactionalLoop(
         stage=type("Nothing", (), {"name": "nothing", "process": lambda self, batch: None})(),
         common=CommonSettings(), settings=LoopSettings(), input_topic="t", group_id="g", transactional_id="x",

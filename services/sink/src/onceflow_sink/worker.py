@@ -37,7 +37,8 @@ from onceflow.kafka import clients
 from onceflow.kafka.inspect import wait_partition_count
 from onceflow.state.store import StoreUnavailable
 from onceflow.txn.errors import FencedError, IndefiniteOutcome
-from onceflow.txn.loop import EXIT_FENCED, EXIT_OK
+from onceflow.txn.errors import EXIT_FENCED, EXIT_OK, EXIT_RESTART, ConsumerStuck
+from onceflow.txn.offsets import committed_offsets
 from onceflow.txn.producer import TransactionalProducer, open_producer
 from onceflow.v1.envelope_pb2 import DeadLetter
 from onceflow.v1.results_pb2 import ResultChange
@@ -139,6 +140,11 @@ class SinkWorker:
             self.stats.last_error = str(exc)
             log.error("sink: fenced, this instance is a zombie and stops: %s", exc)
             return EXIT_FENCED
+        except ConsumerStuck as exc:  # raised in a rebalance callback or a rewind, out of poll
+            self.state = "STOPPED"
+            self.stats.last_error = str(exc)
+            log.error("sink: %s; exiting so that a new process takes over", exc)
+            return EXIT_RESTART
         finally:
             if self._consumer is not None:
                 try:
@@ -373,14 +379,18 @@ class SinkWorker:
         assert self._consumer is not None
         own = self.owned[partition]
         if refresh_letters:
-            committed = self._consumer.committed([TopicPartition(self.topic, partition)], timeout=10)[0].offset
-            own.letters_done = max(own.letters_done, committed)
+            committed = committed_offsets(self._consumer, [TopicPartition(self.topic, partition)], self._stop)
+            if committed is None:
+                return  # stopping
+            own.letters_done = max(own.letters_done, committed[0].offset)
         self._consumer.seek(TopicPartition(self.topic, partition, own.applied + 1 if own.applied >= 0 else OFFSET_BEGINNING))
 
     # -- rebalance ---------------------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        committed = consumer.committed(partitions, timeout=10) if partitions else []
+        committed = committed_offsets(consumer, partitions, self._stop) if partitions else []
+        if committed is None:
+            return  # stopping
         for tp, kafka in zip(partitions, committed, strict=True):
             token, applied = self._take_ownership(tp.partition)
             self.owned[tp.partition] = Ownership(token, applied, letters_done=max(kafka.offset, 0))

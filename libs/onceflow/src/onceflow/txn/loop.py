@@ -29,12 +29,12 @@ from onceflow.state.store import KeyValueStore, MemoryStore, StoreDiverged, Stor
 from onceflow.state.stores import PartitionStores
 from onceflow.txn.batch import Batch, Stage
 from onceflow.txn.errors import EXIT_FENCED, EXIT_OK, EXIT_RESTART, ConsumerStuck, FencedError, IndefiniteOutcome
+from onceflow.txn.offsets import committed_offsets
 from onceflow.txn.producer import TransactionalProducer, open_producer
 
 log = logging.getLogger(__name__)
 
 # Tries of 10 s each to fetch the committed offsets before the consumer counts as stuck.
-_COMMITTED_TRIES = 6
 
 
 class LoopState(str, enum.Enum):
@@ -392,17 +392,9 @@ class TransactionalLoop:
         assert self._consumer is not None
         assignment = self._consumer.assignment()
         if assignment:
-            committed = None
-            for attempt in range(1, _COMMITTED_TRIES + 1):
-                try:
-                    committed = self._consumer.committed(assignment, timeout=10)
-                    break
-                except KafkaException as exc:
-                    log.warning("fetching committed offsets (try %d of %d): %s", attempt, _COMMITTED_TRIES, exc)
-                    if self._stop.wait(1.0):
-                        return
+            committed = committed_offsets(self._consumer, assignment, self._stop)
             if committed is None:
-                raise ConsumerStuck(f"no committed offsets for {sorted(p.partition for p in assignment)} after {_COMMITTED_TRIES} tries")
+                return  # stopping
             for tp in committed:
                 if tp.offset < 0:
                     tp.offset = OFFSET_BEGINNING
