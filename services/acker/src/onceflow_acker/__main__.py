@@ -1,19 +1,15 @@
-"""`onceflow-acker` / `python -m onceflow_acker`: run one acker instance."""
+"""`onceflow-acker` / `python -m onceflow_acker`: run one acker instance: Storm-style XOR tuple trees over acker.acks."""
 
 from __future__ import annotations
 
-import sys
-
-from onceflow import logs
+from onceflow import service_main
 
 from onceflow_acker.config import AckerSettings
 from onceflow_acker.service import run
 
 
 def main() -> None:
-    settings = AckerSettings()
-    logs.setup("acker", settings.instance, settings.common.log_level)
-    sys.exit(run(settings))
+    service_main.main("acker", "Run one acker instance: Storm-style XOR tuple trees over acker.acks.", AckerSettings, run)
 
 
 if __name__ == "__main__":

@@ -1,19 +1,15 @@
-"""`onceflow-compute` / `python -m onceflow_compute`: run one compute worker."""
+"""`onceflow-compute` / `python -m onceflow_compute`: run one compute worker: a job's map and merge hops on PySpark."""
 
 from __future__ import annotations
 
-import sys
-
-from onceflow import logs
+from onceflow import service_main
 
 from onceflow_compute.config import ComputeSettings
 from onceflow_compute.service import run
 
 
 def main() -> None:
-    settings = ComputeSettings()
-    logs.setup("compute", settings.instance, settings.common.log_level)
-    sys.exit(run(settings))
+    service_main.main("compute", "Run one compute worker: a job's map and merge hops on PySpark.", ComputeSettings, run)
 
 
 if __name__ == "__main__":

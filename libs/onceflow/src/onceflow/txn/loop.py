@@ -34,8 +34,6 @@ from onceflow.txn.producer import TransactionalProducer, open_producer
 
 log = logging.getLogger(__name__)
 
-# Tries of 10 s each to fetch the committed offsets before the consumer counts as stuck.
-
 
 class LoopState(str, enum.Enum):
     STARTING = "STARTING"

@@ -1,0 +1,78 @@
+"""The command line of every service binary (`onceflow-ingest`, `python -m onceflow_acker`, ...).
+
+A service is configured by its environment only, so its command line is small: ``--help`` lists
+the variables it reads with their defaults, ``--version`` prints the version, and anything else
+is refused rather than ignored (before, ``onceflow-ingest --help`` started the service). Bad
+settings end with exit 2 and one line per variable, not a traceback."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+from pydantic_settings import BaseSettings
+
+from onceflow import __version__, logs
+
+EXIT_USAGE = 2
+S = TypeVar("S", bound=BaseSettings)
+
+
+def settings_help(settings_class: type[BaseSettings]) -> list[tuple[str, str]]:
+    """(variable, default) for every setting of ``settings_class`` and the groups nested in it
+    (common ONCEFLOW_*, loop ONCEFLOW_LOOP_*)."""
+    rows = []
+    prefix = str(settings_class.model_config.get("env_prefix", ""))
+    for name, field in settings_class.model_fields.items():
+        nested = field.annotation if isinstance(field.annotation, type) else None
+        if nested is not None and issubclass(nested, BaseSettings):
+            rows += settings_help(nested)
+        elif not (nested is not None and issubclass(nested, BaseModel)):
+            default = field.get_default(call_default_factory=True)
+            rows.append((f"{prefix}{name.upper()}", "" if default is None else str(default)))
+    return rows
+
+
+def _settings_classes(settings_class: type[BaseSettings]) -> list[type[BaseSettings]]:
+    nested = [f.annotation for f in settings_class.model_fields.values() if isinstance(f.annotation, type)]
+    return [settings_class, *(cls for cls in nested if issubclass(cls, BaseSettings))]
+
+
+def _usage(binary: str, description: str, settings_class: type[BaseSettings]) -> str:
+    rows = settings_help(settings_class)
+    width = max(len(variable) for variable, _ in rows)
+    lines = [f"usage: {binary} [--help] [--version]", "", description, "", "Configured by the environment (default in brackets):"]
+    lines += [f"  {variable.ljust(width)}  [{default}]" for variable, default in rows]
+    return "\n".join(lines)
+
+
+def main(
+    service: str, description: str, settings_class: type[S], run: Callable[[S], int], argv: Sequence[str] | None = None,
+) -> None:
+    binary = f"onceflow-{service}"
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args in (["--help"], ["-h"]):
+        print(_usage(binary, description, settings_class))
+        sys.exit(0)
+    if args == ["--version"]:
+        print(f"{binary} {__version__}")
+        sys.exit(0)
+    if args:
+        print(f"{binary}: unexpected argument(s) {' '.join(args)}; it is configured by ONCEFLOW_* environment "
+              "variables (--help lists them)", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+    try:
+        settings = settings_class()
+    except ValidationError as exc:
+        print(f"{binary}: invalid settings:", file=sys.stderr)
+        # A nested group (common, loop) fails on its own construction: exc.title names its class.
+        groups = {cls.__name__: cls for cls in _settings_classes(settings_class)}
+        prefix = str(groups.get(exc.title, settings_class).model_config.get("env_prefix", ""))
+        for error in exc.errors():
+            variable = prefix + "_".join(str(part) for part in error["loc"]).upper()
+            print(f"  {variable}={error.get('input')!r}: {error['msg']}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+    logs.setup(service, getattr(settings, "instance", ""), settings.common.log_level)  # type: ignore[attr-defined]
+    sys.exit(run(settings))
