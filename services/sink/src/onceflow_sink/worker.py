@@ -38,6 +38,7 @@ from onceflow.kafka.inspect import wait_partition_count
 from onceflow.state.store import StoreUnavailable
 from onceflow.txn.errors import FencedError, IndefiniteOutcome
 from onceflow.txn.errors import EXIT_FENCED, EXIT_OK, EXIT_RESTART, ConsumerStuck
+from onceflow.txn.membership import watch_membership
 from onceflow.txn.offsets import committed_offsets
 from onceflow.txn.producer import TransactionalProducer, open_producer
 from onceflow.v1.envelope_pb2 import DeadLetter
@@ -118,6 +119,7 @@ class SinkWorker:
             self._consumer.subscribe(
                 [self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
             )
+            membership = watch_membership(self._common, self._group_id)
             self.state = "RUNNING"
             while not self._stop.is_set():
                 if self._apply_pause():
@@ -126,6 +128,7 @@ class SinkWorker:
                 try:
                     self._audit()
                     self._poll_once()
+                    membership.observe(self._consumer)
                 except StoreUnavailable as exc:
                     self._store_unavailable(exc)
                     continue

@@ -37,9 +37,11 @@ EXIT_RESTART = 4  # stuck beyond what this process can repair: a supervisor star
 
 
 class ConsumerStuck(RuntimeError):
-    """The consumer cannot say where its group stands (committed offsets) however long it
-    tries: seen after a broker was killed mid-transaction, while a fresh consumer of the same
-    group answered at once. Only a new process recovers; the supervisor starts one."""
+    """The consumer cannot say where its group stands however long it tries: no committed
+    offsets (``txn.offsets``: seen after a broker was killed mid-transaction, while a fresh
+    consumer of the same group answered at once), or no place in its group (``txn.membership``:
+    seen after a broker restart under load). Only a new process recovers; the supervisor
+    starts one."""
 
 
 class IndefiniteOutcome(RuntimeError):

@@ -29,6 +29,7 @@ from onceflow.state.store import KeyValueStore, MemoryStore, StoreDiverged, Stor
 from onceflow.state.stores import PartitionStores
 from onceflow.txn.batch import Batch, Stage
 from onceflow.txn.errors import EXIT_FENCED, EXIT_OK, EXIT_RESTART, ConsumerStuck, FencedError, IndefiniteOutcome
+from onceflow.txn.membership import watch_membership
 from onceflow.txn.offsets import committed_offsets
 from onceflow.txn.producer import TransactionalProducer, open_producer
 
@@ -152,6 +153,7 @@ class TransactionalLoop:
         self._consumer.subscribe(
             [self.input_topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
         )
+        membership = watch_membership(self._common, self.group_id)
         self.state = LoopState.RUNNING
         log.info("%s: consuming %s as %s", self.stage.name, self.input_topic, self.transactional_id)
         try:
@@ -159,6 +161,7 @@ class TransactionalLoop:
                 self._apply_pause()
                 self._audit_stores()
                 records = self._poll()
+                membership.observe(self._consumer)
                 punctuate = self._punctuation_due()
                 if records or punctuate:
                     self._transact(records, punctuate)
