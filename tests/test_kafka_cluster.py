@@ -69,6 +69,7 @@ def cluster_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
 def verify(env: dict[str, str], *args: str) -> tuple[int, dict]:
     done = onceflow(env, "verify", "--json", "--workload", "keyed-count", *args, timeout_s=900)
     assert done.stdout.strip(), done.stderr[-5000:]
+    print(done.stderr[-6000:])  # verify's notes (faults, stacks of a pipeline that would not drain): shown on failure
     return done.returncode, json.loads(done.stdout)
 
 

@@ -22,6 +22,7 @@ def verify(*args: str, timeout_s: float) -> tuple[int, dict]:
         cwd=repo_root(), capture_output=True, text=True, timeout=timeout_s,
     )
     assert done.stdout.strip(), done.stderr[-5000:]
+    print(done.stderr[-6000:])  # verify's notes (faults, stacks of a pipeline that would not drain): shown on failure
     return done.returncode, json.loads(done.stdout)
 
 

@@ -283,6 +283,8 @@ def _campaign(
         behind = undrained(common, job)
     if behind:
         note(f"not drained within the settle time: {behind}")
+        for path in supervisor.dump_stacks():
+            note(f"stacks: {path}")
     rows = _sink_rows(load, supervisor, refresh, until=lambda _rows: True, deadline=time.monotonic() + 60)
 
     progress.phase = "checking every topic"

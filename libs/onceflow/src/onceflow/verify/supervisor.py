@@ -9,6 +9,9 @@ it still owns them. It must find itself fenced and exit; it must never write."""
 from __future__ import annotations
 
 import logging
+import shutil
+import subprocess
+import sys
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -125,6 +128,24 @@ class Supervisor:
                         restarted.append(name)
                     instance.process = self._new(name, instance.address).start()
         return restarted
+
+    def dump_stacks(self) -> list[Path]:
+        """Every live service's thread stacks (py-spy, a dev dependency) next to its log: the
+        evidence for a pipeline that would not drain, where it sits rather than guesses."""
+        py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        written = []
+        for name, instance in self.instances.items():
+            if not instance.process.alive() or not Path(py_spy).exists():
+                continue
+            path = self.log_dir / f"{instance.process.log_path.stem}-stacks.txt"
+            try:
+                done = subprocess.run([py_spy, "dump", "--pid", str(instance.process.pid)], capture_output=True, text=True, timeout=60)
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                log.warning("py-spy dump of %s: %s", name, exc)
+                continue
+            path.write_text(done.stdout + done.stderr)
+            written.append(path)
+        return written
 
     def wait_all_healthy(self, timeout_s: float = 180.0) -> None:
         for instance in list(self.instances.values()):
