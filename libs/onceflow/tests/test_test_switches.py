@@ -7,7 +7,7 @@ import grpc
 import pytest
 
 from onceflow import faults
-from onceflow.admin import ServiceServer, StatusSnapshot
+from onceflow.admin import ServiceServer, StatusSnapshot, Tokens
 from onceflow.v1 import admin_pb2, admin_pb2_grpc
 
 
@@ -26,7 +26,7 @@ class _Idle:
 
 
 def _server() -> ServiceServer:
-    return ServiceServer(service="acker", instance="t", host="127.0.0.1", port=0, controls=_Idle(), admin_token="")
+    return ServiceServer(service="acker", instance="t", host="127.0.0.1", port=0, controls=_Idle(), tokens=Tokens())
 
 
 @pytest.fixture(autouse=True)

@@ -22,6 +22,20 @@ def repo_root() -> Path:
     return Path.cwd()
 
 
+def secret(value: str, file: str, name: str) -> str:
+    """A secret from its file (preferred: not visible in ``ps`` or the environment) or its
+    value; ValueError naming ``name``_FILE if the file cannot give one."""
+    if not file:
+        return value
+    try:
+        token = Path(file).read_text().strip()
+    except OSError as exc:
+        raise ValueError(f"{name}_FILE {file}: {exc.strerror}") from None
+    if not token:
+        raise ValueError(f"{name}_FILE {file} is empty")
+    return token
+
+
 class CommonSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ONCEFLOW_", extra="ignore")
 
@@ -44,8 +58,14 @@ class CommonSettings(BaseSettings):
     # soon enough for recovery (and tests) not to crawl. The broker caps it at
     # transaction.max.timeout.ms.
     transaction_timeout_ms: int = 10_000
-    # Bearer token for mutating admin calls. Empty means mutating calls are refused.
+    # Bearer token for mutating admin calls. Empty means mutating calls are refused. The _FILE
+    # form (a file holding the token) keeps it out of `ps` and the environment, and wins.
     admin_token: str = ""
+    admin_token_file: str = ""
+    # Bearer token for read calls (Status, stats, lookups, Query, reflection). Empty: reads are
+    # open, fine on loopback; set it before binding beyond (docs/admin.md, "Threat model").
+    read_token: str = ""
+    read_token_file: str = ""
     # TLS for the service's gRPC port (PEM files). Empty cert and key = plaintext, fine on
     # loopback; with a client CA the server also requires client certificates signed by it.
     tls_cert_file: str = ""
@@ -65,6 +85,12 @@ class CommonSettings(BaseSettings):
             raise ValueError("set both ONCEFLOW_TLS_CERT_FILE and ONCEFLOW_TLS_KEY_FILE, or neither")
         if self.tls_client_ca_file and not self.tls_cert_file:
             raise ValueError("ONCEFLOW_TLS_CLIENT_CA_FILE needs ONCEFLOW_TLS_CERT_FILE and ONCEFLOW_TLS_KEY_FILE")
+        return self
+
+    @model_validator(mode="after")
+    def _token_files_are_readable(self) -> CommonSettings:
+        secret(self.admin_token, self.admin_token_file, "ONCEFLOW_ADMIN_TOKEN")
+        secret(self.read_token, self.read_token_file, "ONCEFLOW_READ_TOKEN")
         return self
 
     @model_validator(mode="after")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from onceflow.acks import ACKS_TOPIC, EVENTS_TOPIC
-from onceflow.admin import ServerTLS, ServiceServer
+from onceflow.admin import ServerTLS, ServiceServer, Tokens
 from onceflow.admin.loop_controls import LoopControls
 from onceflow.runner import run_loop_service
 from onceflow.txn import TransactionalLoop
@@ -37,7 +37,7 @@ def build(settings: AckerSettings) -> tuple[TransactionalLoop, ServiceServer]:
         host=settings.host,
         port=settings.port,
         controls=LoopControls(loop, lambda: {"pending_trees": float(sum(len(s) for _p, s in stores.items()))}),  # type: ignore[arg-type]
-        admin_token=common.admin_token,
+        tokens=Tokens.from_settings(common),
         tls=ServerTLS.from_settings(common),
         add_servicers=lambda server: acker_pb2_grpc.add_AckerAdminServicer_to_server(admin, server),
         service_names=(acker_pb2.DESCRIPTOR.services_by_name["AckerAdmin"].full_name,),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import math
 
-from onceflow.admin import ServerTLS, ServiceServer
+from onceflow.admin import ServerTLS, ServiceServer, Tokens
 from onceflow.admin.loop_controls import LoopControls
 from onceflow.codec import now_ms
 from onceflow.kafka import inspect
@@ -142,7 +142,7 @@ def build(settings: ComputeSettings) -> tuple[list[TransactionalLoop], ServiceSe
         host=settings.host,
         port=settings.port,
         controls=LoopControls(loops, gauges),
-        admin_token=common.admin_token,
+        tokens=Tokens.from_settings(common),
         tls=ServerTLS.from_settings(common),
         add_servicers=lambda server: compute_pb2_grpc.add_ComputeAdminServicer_to_server(admin, server),
         service_names=(compute_pb2.DESCRIPTOR.services_by_name["ComputeAdmin"].full_name,),

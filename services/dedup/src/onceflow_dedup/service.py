@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 
-from onceflow.admin import ServerTLS, ServiceServer
+from onceflow.admin import ServerTLS, ServiceServer, Tokens
 from onceflow.admin.loop_controls import LoopControls
 from onceflow.redis_client import connect
 from onceflow.kafka.inspect import partitions_of
@@ -64,7 +64,7 @@ def build(settings: DedupSettings) -> tuple[TransactionalLoop, ServiceServer]:
         host=settings.host,
         port=settings.port,
         controls=LoopControls(loop, gauges),
-        admin_token=common.admin_token,
+        tokens=Tokens.from_settings(common),
         tls=ServerTLS.from_settings(common),
         add_servicers=lambda server: dedup_pb2_grpc.add_DedupAdminServicer_to_server(admin, server),
         service_names=(dedup_pb2.DESCRIPTOR.services_by_name["DedupAdmin"].full_name,),

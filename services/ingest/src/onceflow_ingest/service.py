@@ -6,7 +6,7 @@ import logging
 import threading
 
 from onceflow import acks, metrics
-from onceflow.admin import RESERVED_FOR_ADMIN, ServerTLS, ServiceServer, StatusSnapshot
+from onceflow.admin import RESERVED_FOR_ADMIN, ServerTLS, ServiceServer, StatusSnapshot, Tokens
 from onceflow.kafka.inspect import wait_partition_count
 from onceflow.runner import on_stop_signals
 from onceflow.txn import TransactionalLoop
@@ -88,7 +88,7 @@ class IngestService:
             host=settings.host,
             port=settings.port,
             controls=self,
-            admin_token=settings.common.admin_token,
+            tokens=Tokens.from_settings(settings.common),
             tls=ServerTLS.from_settings(common),
             max_receive_bytes=settings.max_request_bytes,
             max_workers=settings.max_concurrent_calls + RESERVED_FOR_ADMIN,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from onceflow import metrics
-from onceflow.admin import ServerTLS, ServiceServer, StatusSnapshot
+from onceflow.admin import ServerTLS, ServiceServer, StatusSnapshot, Tokens
 from onceflow.redis_client import connect
 from onceflow.runner import on_stop_signals
 from onceflow.v1 import sink_pb2, sink_pb2_grpc
@@ -69,7 +69,7 @@ def run(settings: SinkSettings) -> int:
         host=settings.host,
         port=settings.port,
         controls=SinkControls(worker),
-        admin_token=common.admin_token,
+        tokens=Tokens.from_settings(common),
         add_servicers=lambda server: sink_pb2_grpc.add_QueryServicer_to_server(QueryServicer(tables), server),
         service_names=(sink_pb2.DESCRIPTOR.services_by_name["Query"].full_name,),
         tls=ServerTLS.from_settings(common),

@@ -16,7 +16,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from onceflow import __version__, faults
-from onceflow.admin.auth import TokenAuthInterceptor
+from onceflow.admin.auth import TokenAuthInterceptor, Tokens
 from onceflow.admin.tls import ServerTLS
 from onceflow.v1 import admin_pb2, admin_pb2_grpc
 
@@ -133,7 +133,7 @@ class ServiceServer:
         host: str,
         port: int,
         controls: AdminControls,
-        admin_token: str,
+        tokens: Tokens,
         add_servicers: Callable[[grpc.Server], None] = lambda _server: None,
         service_names: tuple[str, ...] = (),
         max_workers: int = 32,
@@ -145,7 +145,7 @@ class ServiceServer:
         test_switches = faults.guard_switches(service)
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"{service}-grpc"),
-            interceptors=[TokenAuthInterceptor(admin_token)],
+            interceptors=[TokenAuthInterceptor(tokens)],
             # gRPC's own default: admin and query requests are small. Ingest sizes it to its caps.
             options=[("grpc.max_receive_message_length", max_receive_bytes)],
         )

@@ -75,7 +75,12 @@ class ClientTLS:
 def channel(
     address: str, tls: ClientTLS | None = None, options: Sequence[tuple[str, object]] = ()
 ) -> grpc.Channel:
-    """A channel to a onceflow service: TLS when ``tls`` is given, plaintext otherwise."""
+    """A channel to a onceflow service: TLS when ``tls`` is given, plaintext otherwise; calls
+    without a token of their own carry ONCEFLOW_READ_TOKEN (or the admin token) when set."""
+    from onceflow.admin.auth import ClientTokens, with_bearer  # auth builds on this module's settings
+
     if tls is None:
-        return grpc.insecure_channel(address, options=options)
-    return grpc.secure_channel(address, tls.credentials(), options=options)
+        chan = grpc.insecure_channel(address, options=options)
+    else:
+        chan = grpc.secure_channel(address, tls.credentials(), options=options)
+    return with_bearer(chan, ClientTokens().bearer())

@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from onceflow.admin import fleet
+from onceflow.admin.auth import ClientTokens
 from onceflow.admin.tls import ClientTLS, channel
 from onceflow.cli.options import TlsCa, TlsCert, TlsKey, client_tls
 from onceflow.v1 import (
@@ -43,7 +44,7 @@ console = Console()
 
 Address = Annotated[str, typer.Option("--address", "-a", help="host:port of the service")]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
-Token = Annotated[str, typer.Option(envvar="ONCEFLOW_ADMIN_TOKEN", show_default=False, help="Admin bearer token.")]
+Token = Annotated[str, typer.Option(envvar="ONCEFLOW_ADMIN_TOKEN", show_default=False, help="Admin bearer token (or ONCEFLOW_ADMIN_TOKEN_FILE: a file holding it).")]
 TIMEOUT_S = 5.0
 T = TypeVar("T")
 
@@ -73,6 +74,12 @@ def _call(address: str, fn: Callable[[grpc.Channel], T]) -> T:
 
 
 def _bearer(token: str) -> list[tuple[str, str]]:
+    """For a mutating call: --token, else ONCEFLOW_ADMIN_TOKEN or ONCEFLOW_ADMIN_TOKEN_FILE."""
+    try:
+        token = token or ClientTokens().admin()
+    except ValueError as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from None
     return [("authorization", f"Bearer {token}")] if token else []
 
 
