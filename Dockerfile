@@ -4,6 +4,8 @@
 FROM python:3.11-slim AS base
 ENV PYTHONUNBUFFERED=1 UV_COMPILE_BYTECODE=1 UV_LINK_MODE=copy
 RUN pip install --no-cache-dir uv==0.13.8
+# The services run as this unprivileged user, never as root.
+RUN useradd --system --uid 10001 --create-home --home-dir /home/onceflow onceflow
 WORKDIR /app
 COPY pyproject.toml uv.lock ./
 COPY libs ./libs
@@ -17,6 +19,7 @@ RUN uv sync --locked --no-dev --package onceflow-ingest
 ENV ONCEFLOW_INGEST_HOST=0.0.0.0
 EXPOSE 50051 9101
 HEALTHCHECK CMD ["/app/.venv/bin/onceflow", "health", "127.0.0.1:50051"]
+USER onceflow
 CMD ["/app/.venv/bin/onceflow-ingest"]
 
 FROM base AS acker
@@ -24,6 +27,7 @@ RUN uv sync --locked --no-dev --package onceflow-acker
 ENV ONCEFLOW_ACKER_HOST=0.0.0.0
 EXPOSE 50052 9102
 HEALTHCHECK CMD ["/app/.venv/bin/onceflow", "health", "127.0.0.1:50052"]
+USER onceflow
 CMD ["/app/.venv/bin/onceflow-acker"]
 
 FROM base AS dedup
@@ -31,6 +35,7 @@ RUN uv sync --locked --no-dev --package onceflow-dedup
 ENV ONCEFLOW_DEDUP_HOST=0.0.0.0
 EXPOSE 50053 9103
 HEALTHCHECK CMD ["/app/.venv/bin/onceflow", "health", "127.0.0.1:50053"]
+USER onceflow
 CMD ["/app/.venv/bin/onceflow-dedup"]
 
 FROM base AS compute
@@ -40,6 +45,7 @@ RUN uv sync --locked --no-dev --package onceflow-compute
 ENV ONCEFLOW_COMPUTE_HOST=0.0.0.0
 EXPOSE 50054 9104
 HEALTHCHECK --start-period=60s CMD ["/app/.venv/bin/onceflow", "health", "127.0.0.1:50054"]
+USER onceflow
 CMD ["/app/.venv/bin/onceflow-compute"]
 
 FROM base AS sink
@@ -47,4 +53,5 @@ RUN uv sync --locked --no-dev --package onceflow-sink
 ENV ONCEFLOW_SINK_HOST=0.0.0.0
 EXPOSE 50055 9105
 HEALTHCHECK CMD ["/app/.venv/bin/onceflow", "health", "127.0.0.1:50055"]
+USER onceflow
 CMD ["/app/.venv/bin/onceflow-sink"]

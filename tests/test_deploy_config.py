@@ -167,3 +167,22 @@ def test_compose_runs_the_kafka_version_everything_else_runs() -> None:
     pinned = re.search(r"<kafka\.version>([^<]+)</kafka\.version>", (ROOT / "infra" / "kafka" / "pom.xml").read_text())
     assert pinned is not None
     assert compose()["kafka"]["image"] == f"apache/kafka:{pinned.group(1)}"
+
+
+@pytest.mark.parametrize("service", sorted(packages()))
+def test_a_service_bound_beyond_loopback_in_compose_cannot_start_without_an_admin_token(service: str) -> None:
+    """docs/admin.md, "Threat model": compose binds services to its network, so `${VAR:?}`
+    makes `docker compose up` stop with the reason when no token is given."""
+    env = {k: str(v) for k, v in compose()[service]["environment"].items()}
+    assert env[f"ONCEFLOW_{service.upper()}_HOST"] == "0.0.0.0"
+    assert re.fullmatch(r"\$\{ONCEFLOW_ADMIN_TOKEN:\?.+\}", env.get("ONCEFLOW_ADMIN_TOKEN", "")), env.get("ONCEFLOW_ADMIN_TOKEN")
+    assert all(p.startswith("127.0.0.1:") for p in compose()[service]["ports"])  # published on the host's loopback only
+
+
+def test_every_service_image_runs_as_an_unprivileged_user() -> None:
+    stages = re.split(r"^FROM ", (ROOT / "Dockerfile").read_text(), flags=re.M)
+    targets = {stage.split()[2]: stage for stage in stages if " AS " in stage.split("\n", 1)[0]}
+    for service in packages():
+        users = re.findall(r"^USER (\S+)", targets[service], flags=re.M)
+        assert users and users[-1] not in ("root", "0"), (service, users)
+        assert targets[service].rstrip().splitlines()[-1].startswith("CMD"), service
