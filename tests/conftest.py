@@ -55,10 +55,10 @@ def _weight(item: pytest.Item) -> int:
     """Longest first, so two workers finish close together: campaigns on a cluster of their own,
     then verify campaigns, then other fault tests, then the rest."""
     marks = {mark.name for mark in item.iter_markers()}
-    for rank, mark in enumerate(("cluster", "verify", "fault", "integration")):
+    for rank, mark in enumerate(("cluster", "verify", "fault", "spark_cluster", "integration")):
         if mark in marks:
             return rank
-    return 4
+    return 5
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

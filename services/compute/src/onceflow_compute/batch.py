@@ -23,7 +23,7 @@ import json
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -107,6 +107,7 @@ def spark_engine(
     shuffle_partitions: int | None = None,
     driver_memory: str | None = None,
     app_name: str = "onceflow-batch",
+    ship: Sequence[str] = (),
 ) -> SparkEngine:
     """A Spark engine configured as the workers' (ONCEFLOW_COMPUTE_SPARK_* unless given)."""
     from onceflow_compute import spark_cds
@@ -119,6 +120,8 @@ def spark_engine(
         driver_memory or settings.spark_driver_memory,
         app_name=app_name,
         java_options=spark_cds.java_options(settings.spark_java_options),
+        executor_python=settings.spark_executor_python,
+        ship=ship,
     )
 
 
@@ -161,13 +164,14 @@ def run_batch(
     here for the whole input; past it the rest of the failing part counts as failed) and
     dropped; when the job fails on every record, JobFailed.
     """
+    ship = [job] if isinstance(job, str) else []  # a job named by its module: ship the module
     if isinstance(job, str):
         job = jobs.load_job(job)
     started = time.monotonic()
     batch_input = read_input(job, input_path, input_format)
     read_seconds = time.monotonic() - started
     owned = session_or_engine is None
-    engine = spark_engine(spark_master) if session_or_engine is None else as_engine(session_or_engine)
+    engine = spark_engine(spark_master, ship=ship) if session_or_engine is None else as_engine(session_or_engine)
     try:
         started = time.monotonic()
         table, failed = run_table(job, batch_input.table, engine, bisect_budget)

@@ -33,6 +33,9 @@ class ComputeSettings(BaseSettings):
     spark_master: str = "local[*]"
     spark_shuffle_partitions: int = Field(default=2, ge=1)
     spark_driver_memory: str = "1g"
+    # The Python Spark's executors run. Empty: in local mode this venv's; on a cluster
+    # (spark://...) what Spark picks (PYSPARK_PYTHON, else python3 on the workers).
+    spark_executor_python: str = ""
     # More JVM options for the Spark driver (the AppCDS archive `make setup` builds is always
     # used when present). Short-lived workers start faster with "-XX:TieredStopAtLevel=1
     # -XX:+UseSerialGC" (the fault tests use it); long-lived ones run faster without.

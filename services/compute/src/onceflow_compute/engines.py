@@ -10,12 +10,14 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Sequence
 from typing import Protocol
 
 import pyarrow as pa
 
 from onceflow_compute.api import Aggregation, Combine, Join, Transform
 from onceflow_compute.dataflow.windows import time_grain
+from onceflow_compute.shipping import archive, shippable
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +60,18 @@ class SparkEngine:
 
     name = "spark"
 
-    def __init__(self, master: str, shuffle_partitions: int, driver_memory: str, app_name: str, java_options: str = "") -> None:
+    def __init__(
+        self, master: str, shuffle_partitions: int, driver_memory: str, app_name: str, java_options: str = "",
+        executor_python: str = "", ship: Sequence[str] = (),
+    ) -> None:
         from pyspark.sql import SparkSession
 
-        # The Python the workers run must be ours (the job's imports live in this venv).
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        # The Python the executors run. In local mode they are this machine's processes and
+        # need this venv; on a cluster, the workers' own Python unless a setting names one.
+        if executor_python:
+            os.environ["PYSPARK_PYTHON"] = executor_python
+        elif master.startswith("local"):
+            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         self.session = (
             SparkSession.builder.master(master)
             .appName(app_name)
@@ -85,6 +94,10 @@ class SparkEngine:
         )
         self._adopt(self.session)
         self.session.sparkContext.setLogLevel("WARN")
+        for module in ship:
+            if (source := shippable(module)) is not None:
+                self.session.sparkContext.addPyFile(str(archive(source)))
+                log.info("shipped %s (for %s) to the executors", source.name, module)
         log.info("Spark %s session on %s (%s shuffle partitions)", self.session.version, master, shuffle_partitions)
 
     def _adopt(self, session) -> None:  # noqa: ANN001 - a pyspark SparkSession

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 
 def make_engine(settings: ComputeSettings, job_name: str) -> Engine:
+    """``job_name`` for the app's name; the module ONCEFLOW_COMPUTE_JOB names is shipped."""
     if settings.engine is EngineName.PANDAS:
         return PandasEngine()
     return SparkEngine(
@@ -37,6 +38,8 @@ def make_engine(settings: ComputeSettings, job_name: str) -> Engine:
         settings.spark_driver_memory,
         app_name=f"onceflow-compute-{job_name}-{settings.instance}",
         java_options=spark_cds.java_options(settings.spark_java_options),
+        executor_python=settings.spark_executor_python,
+        ship=[settings.job],
     )
 
 

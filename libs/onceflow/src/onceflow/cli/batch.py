@@ -69,7 +69,7 @@ def batch(
     fmt = input_format.value if input_format is not None else None
     with console.status(f"running {compute_job.name} over {input_path.name} on Spark {spark_master} ..."):
         try:
-            result = compute_batch.run_batch(compute_job, input_path, input_format=fmt, spark_master=spark_master)
+            result = compute_batch.run_batch(job, input_path, input_format=fmt, spark_master=spark_master)  # by name: shipped
         except compute_batch.JobFailed as exc:
             console.print(f"[red]{escape(str(exc))}[/]")
             raise typer.Exit(1) from None

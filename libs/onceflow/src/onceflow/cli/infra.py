@@ -12,16 +12,17 @@ from rich.console import Console
 from rich.table import Table
 
 from onceflow.config import CommonSettings
-from onceflow.infra import stack
+from onceflow.infra import spark, stack
 from onceflow.infra._proc import InfraError, tail
 from onceflow.infra.kafka import KafkaBroker
 from onceflow.infra.kafka import cluster as kafka_cluster
 from onceflow.infra.paths import display_path
 from onceflow.infra.redis import SENTINEL_MASTER, RedisServer
 from onceflow.infra.redis import topology as redis_topology
+from onceflow.infra.settings import InfraSettings
 from onceflow.infra.topics import TopicReplicationError, count_brokers, ensure_topics, load_specs
 
-app = typer.Typer(no_args_is_help=True, help="Local Kafka (KRaft) and Redis on 127.0.0.1.")
+app = typer.Typer(no_args_is_help=True, help="Local Kafka (KRaft), Redis and, if asked, a Spark cluster on 127.0.0.1.")
 out = Console()
 err = Console(stderr=True)
 T = TypeVar("T")
@@ -30,6 +31,12 @@ T = TypeVar("T")
 class Component(enum.StrEnum):
     kafka = "kafka"
     redis = "redis"
+    spark = "spark"
+
+
+class SparkCluster(enum.StrEnum):
+    none = "none"
+    standalone = "standalone"
 
 
 class RedisTopology(enum.StrEnum):
@@ -83,8 +90,12 @@ def up(
         RedisTopology | None,
         typer.Option(help="single: one redis-server. sentinel: a primary, a replica and a Sentinel that fails over. Default: ONCEFLOW_REDIS_TOPOLOGY or single."),
     ] = None,
+    spark_cluster: Annotated[
+        SparkCluster | None,
+        typer.Option("--spark", help="none: compute runs Spark in-process (local[*]). standalone: also a Spark master and workers from the pyspark wheel. Default: ONCEFLOW_SPARK_CLUSTER or none."),
+    ] = None,
 ) -> None:
-    """Start Kafka and Redis (installing first if needed) and create the topics."""
+    """Start Kafka and Redis (installing first if needed), create the topics, and a Spark cluster if asked."""
     t0 = time.monotonic()
     if brokers is not None:
         if brokers not in (1, 3):
@@ -92,6 +103,8 @@ def up(
         os.environ["ONCEFLOW_KAFKA_BROKERS"] = str(brokers)
     if redis is not None:
         os.environ["ONCEFLOW_REDIS_TOPOLOGY"] = redis.value
+    if spark_cluster is not None:
+        os.environ["ONCEFLOW_SPARK_CLUSTER"] = spark_cluster.value
     if not KafkaBroker.from_env().is_installed():
         install()
     rows = _run("starting Kafka and Redis", lambda: stack.up(timeout=timeout, create_topics=topics))
@@ -109,6 +122,8 @@ def up(
             f"services follow failovers with ONCEFLOW_REDIS_URL=redis+sentinel://127.0.0.1:{sentinel.port}/{SENTINEL_MASTER}/0",
             highlight=False,
         )
+    if InfraSettings().spark_cluster == "standalone" and not os.environ.get("ONCEFLOW_COMPUTE_SPARK_MASTER", "").startswith("spark://"):
+        out.print(f"compute runs on it with ONCEFLOW_COMPUTE_SPARK_MASTER={spark.cluster()[0].master_url}", highlight=False)
     raise typer.Exit(0 if healthy else 1)
 
 
@@ -137,6 +152,7 @@ def logs(
     paths = {
         Component.kafka: [node.log_path for node in kafka_cluster()],
         Component.redis: [server.log_path for server in redis_topology()],
+        Component.spark: [daemon.log_path for daemon in spark.cluster()] if spark.running() else [],
     }
     chosen = paths[component] if component else [path for group in paths.values() for path in group]
     if follow:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from onceflow.config import CommonSettings
@@ -46,6 +46,15 @@ class InfraSettings(BaseSettings):
     redis_sentinel_port: int | None = None
     # The AOF's fsync policy: always, everysec (up to ~1 s of writes lost on a machine crash) or no.
     redis_appendfsync: Literal["always", "everysec", "no"] = "everysec"
+    # none: compute runs Spark in its own process (local[*]). standalone: `infra up` also starts
+    # a Spark master and workers from the pyspark wheel (`onceflow infra up --spark standalone`);
+    # compute then takes ONCEFLOW_COMPUTE_SPARK_MASTER=spark://127.0.0.1:<master port>.
+    spark_cluster: Literal["none", "standalone"] = "none"
+    # The master's RPC port; workers take the next ports, web UIs the same plus 100.
+    spark_master_port: int = 17077
+    spark_workers: int = Field(default=2, ge=1, le=8)
+    spark_worker_cores: int = Field(default=1, ge=1)
+    spark_worker_memory: str = "1g"
     # Seconds `up` waits for each component to answer.
     start_timeout_s: float = 90.0
 

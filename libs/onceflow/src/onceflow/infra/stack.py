@@ -11,6 +11,7 @@ from onceflow.infra.kafka import cluster as kafka_cluster
 from onceflow.infra.paths import display_path
 from onceflow.infra.redis import RedisServer
 from onceflow.infra.redis import topology as redis_topology
+from onceflow.infra import spark
 from onceflow.infra.settings import InfraSettings, port_of
 from onceflow.infra.topics import ensure_topics
 
@@ -45,6 +46,8 @@ def up(timeout: float | None = None, create_topics: bool = True) -> list[Compone
     brokers[0].warm_up(timeout, bootstrap)
     if create_topics:
         ensure_topics(bootstrap, CommonSettings().topic_prefix)
+    if InfraSettings().spark_cluster == "standalone":
+        spark.up(timeout)
     return status(brokers)
 
 
@@ -59,7 +62,7 @@ def down() -> list[str]:
     for server in reversed(redis_topology(InfraSettings(redis_topology="sentinel"))):
         if server.stop():
             stopped.append(_redis_name(server))
-    return stopped
+    return stopped + spark.down()
 
 
 def status(brokers: list[KafkaBroker] | None = None) -> list[ComponentStatus]:
@@ -68,7 +71,27 @@ def status(brokers: list[KafkaBroker] | None = None) -> list[ComponentStatus]:
     kafka = [_kafka_status(broker, common) for broker in brokers]
     if len(brokers) > 1:
         kafka = _with_cluster_health(kafka, brokers)
-    return [*kafka, *(_redis_status(server, common) for server in redis_topology())]
+    rows = [*kafka, *(_redis_status(server, common) for server in redis_topology())]
+    if InfraSettings().spark_cluster == "standalone" or spark.running():
+        rows += _spark_status()
+    return rows
+
+
+def _spark_status() -> list[ComponentStatus]:
+    daemons = spark.cluster()
+    master = daemons[0]
+    rows = []
+    for daemon in daemons:
+        healthy = spark.healthy(daemon, master)
+        if healthy:
+            detail = "ALIVE, " + (f"{len(spark.alive_workers(master))} worker(s) registered" if daemon.is_master
+                                  else f"{daemon.worker_cores} core(s), {daemon.worker_memory}")
+        elif daemon.pid() is not None:
+            detail = f"running but not {'answering' if daemon.is_master else 'registered'}; see {display_path(daemon.log_path)}"
+        else:
+            detail = "stopped"
+        rows.append(ComponentStatus(daemon.name, healthy, daemon.address, daemon.pid(), detail))
+    return rows
 
 
 def _with_cluster_health(rows: list[ComponentStatus], brokers: list[KafkaBroker]) -> list[ComponentStatus]:

@@ -1,0 +1,193 @@
+"""A local Spark standalone cluster from the pyspark wheel (no other download): one master and
+``spark_workers`` workers on 127.0.0.1, started through the wheel's ``bin/spark-class``, with
+their logs, work directories and pid files under ``$ONCEFLOW_HOME/spark-cluster``.
+
+The workers' executors run this venv's Python (``PYSPARK_PYTHON`` in their environment) with
+no PYTHONPATH of ours: a job module reaches them only if the driver ships it
+(docs/services/compute.md, "Running on a cluster")."""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from onceflow.infra import _proc
+from onceflow.infra._proc import InfraError
+from onceflow.infra.paths import runtime_dir
+from onceflow.infra.settings import InfraSettings
+
+MASTER_CLASS = "org.apache.spark.deploy.master.Master"
+WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
+
+
+def spark_home() -> Path:
+    import pyspark  # the wheel is the distribution: bin/, jars/, sbin/
+
+    return Path(pyspark.__file__).parent
+
+
+@dataclass(frozen=True)
+class SparkDaemon:
+    """The master (index 0) or worker ``index`` of the local standalone cluster."""
+
+    index: int
+    master_port: int
+    workers: int
+    worker_cores: int
+    worker_memory: str
+    home: Path
+
+    @property
+    def is_master(self) -> bool:
+        return self.index == 0
+
+    @property
+    def name(self) -> str:
+        return "spark-master" if self.is_master else f"spark-worker-{self.index}"
+
+    @property
+    def port(self) -> int:
+        """RPC port: the master's, then one per worker just above it."""
+        return self.master_port + self.index
+
+    @property
+    def web_port(self) -> int:
+        return self.master_port + 100 + self.index
+
+    @property
+    def master_url(self) -> str:
+        return f"spark://127.0.0.1:{self.master_port}"
+
+    @property
+    def address(self) -> str:
+        return self.master_url if self.is_master else f"127.0.0.1:{self.port}"
+
+    @property
+    def dir(self) -> Path:
+        return self.home / self.name
+
+    @property
+    def log_path(self) -> Path:
+        return self.dir / f"{self.name}.log"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.dir / f"{self.name}.pid"
+
+    def command(self) -> list[str]:
+        spark_class = str(spark_home() / "bin" / "spark-class")
+        common = ["--host", "127.0.0.1", "--port", str(self.port), "--webui-port", str(self.web_port)]
+        if self.is_master:
+            return [spark_class, MASTER_CLASS, *common]
+        work = self.dir / "work"
+        return [
+            spark_class, WORKER_CLASS, *common, "--cores", str(self.worker_cores), "--memory", self.worker_memory,
+            "--work-dir", str(work), self.master_url,
+        ]
+
+    def environment(self) -> dict[str, str]:
+        env = {
+            "SPARK_HOME": str(spark_home()),
+            "SPARK_LOG_DIR": str(self.dir),
+            "SPARK_DAEMON_MEMORY": "256m",
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            # Executors run this venv's interpreter, but nothing of ours on their path.
+            "PYSPARK_PYTHON": sys.executable,
+        }
+        return env
+
+    def pid(self) -> int | None:
+        return _proc.read_pid(self.pid_file, f"--port {self.port}")
+
+    def start(self) -> int | None:
+        """Spawn if not running; the pid, or None if it already ran."""
+        if self.pid() is not None:
+            return None
+        self.dir.mkdir(parents=True, exist_ok=True)
+        env_prefix = ["env", "-u", "PYTHONPATH", *(f"{k}={v}" for k, v in self.environment().items())]
+        pid = _proc.spawn_detached([*env_prefix, *self.command()], self.log_path)
+        self.pid_file.write_text(str(pid))
+        return pid
+
+    def stop(self, timeout: float = 20.0) -> bool:
+        pid = self.pid()
+        if pid is None:
+            return False
+        _proc.stop_pid(pid, timeout)
+        self.pid_file.unlink(missing_ok=True)
+        return True
+
+    def kill9(self) -> int | None:
+        pid = self.pid()
+        if pid is not None:
+            _proc.kill_pid(pid)
+            self.pid_file.unlink(missing_ok=True)
+        return pid
+
+
+def cluster(settings: InfraSettings | None = None) -> list[SparkDaemon]:
+    """The master, then its workers, as the settings describe them."""
+    s = settings or InfraSettings()
+    home = runtime_dir() / "spark-cluster"
+    return [
+        SparkDaemon(i, s.spark_master_port, s.spark_workers, s.spark_worker_cores, s.spark_worker_memory, home)
+        for i in range(s.spark_workers + 1)
+    ]
+
+
+def master_state(master: SparkDaemon, timeout: float = 2.0) -> dict | None:
+    """The master's own view (its web UI's JSON): status and workers; None if it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{master.web_port}/json/", timeout=timeout) as reply:
+            return json.load(reply)
+    except (OSError, ValueError):
+        return None
+
+
+def alive_workers(master: SparkDaemon) -> set[int]:
+    state = master_state(master) or {}
+    return {
+        int(w["port"]) for w in state.get("workers", []) if w.get("state") == "ALIVE" and w.get("host") == "127.0.0.1"
+    } if state else set()
+
+
+def up(timeout: float) -> list[SparkDaemon]:
+    """Start the master and every worker, and wait until the master lists them ALIVE."""
+    daemons = cluster()
+    master, workers = daemons[0], daemons[1:]
+    with _proc.file_lock(master.home / ".lock"):
+        master.start()
+        if not _proc.wait_until(lambda: (master_state(master) or {}).get("status") == "ALIVE", timeout, 0.5):
+            raise InfraError(f"the Spark master did not come up in {timeout:.0f}s; see {master.log_path}")
+        for worker in workers:
+            worker.start()
+        wanted = {w.port for w in workers}
+        if not _proc.wait_until(lambda: wanted <= alive_workers(master), timeout, 0.5):
+            raise InfraError(
+                f"Spark workers {sorted(wanted - alive_workers(master))} did not register in {timeout:.0f}s; "
+                f"see {workers[0].log_path}"
+            )
+    return daemons
+
+
+def down() -> list[str]:
+    """Workers first, then the master; the names of those that ran. Every daemon that may have
+    run is looked for, whatever the worker count is now."""
+    daemons = cluster(InfraSettings(spark_workers=max(InfraSettings().spark_workers, 8)))
+    return [d.name for d in reversed(daemons) if d.stop()]
+
+
+def healthy(daemon: SparkDaemon, master: SparkDaemon) -> bool:
+    if daemon.pid() is None:
+        return False
+    if daemon.is_master:
+        return (master_state(daemon) or {}).get("status") == "ALIVE"
+    return daemon.port in alive_workers(master)
+
+
+def running() -> bool:
+    """True if this home's master runs: `infra status` then shows the cluster."""
+    return cluster()[0].pid() is not None
