@@ -2,7 +2,7 @@
 up --spark standalone`): a master and two workers whose executors run this venv's Python with
 nothing of ours on their path. A user's job package, with a combiner of its own, lives only in a
 temporary directory on the driver's PYTHONPATH, so the executors can import it only if compute
-ships it: the same job without shipping must fail, naming the import error."""
+ships it: the same job without shipping must fail at once, naming the import error."""
 
 from __future__ import annotations
 
@@ -15,12 +15,19 @@ import textwrap
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+
+import threading
 
 import pytest
 
 from onceflow.config import repo_root
 from onceflow.process import free_port
+from onceflow_compute.jobs import load_job
+from tests.conftest import Pipeline
+from tests.harness import checker
+from tests.test_compute import Input, produce, wait_consumed, worker
 
 pytestmark = [pytest.mark.spark_cluster, pytest.mark.integration, pytest.mark.xdist_group("spark_cluster")]
 
@@ -73,28 +80,33 @@ def _ports_free(base: int, count: int) -> bool:
     return True
 
 
+@dataclass
+class Cluster:
+    daemons: list
+    env: dict[str, str]  # what a compute worker or `onceflow batch` needs to run on it
+    home: str
+
+
 @pytest.fixture(scope="module")
-def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """A master and two workers of their own (home, ports); torn down after the module."""
+    from onceflow.infra import spark
+    from onceflow.infra.settings import InfraSettings
+
     while not _ports_free(base := free_port(), 3):
         pass
-    env = {
-        **os.environ,
-        "ONCEFLOW_HOME": str(tmp_path_factory.mktemp("spark-home")),
-        "ONCEFLOW_SPARK_CLUSTER": "standalone",
-        "ONCEFLOW_SPARK_MASTER_PORT": str(base),
-        "ONCEFLOW_SPARK_WORKERS": "2",
-        "ONCEFLOW_SPARK_WORKER_MEMORY": "768m",
-    }
-    from onceflow.infra import spark
-
-    os.environ.update({k: env[k] for k in ("ONCEFLOW_HOME", "ONCEFLOW_SPARK_MASTER_PORT", "ONCEFLOW_SPARK_WORKERS")})
+    home = tmp_path_factory.mktemp("spark-cluster")
+    settings = InfraSettings(spark_cluster="standalone", spark_master_port=base, spark_workers=2)  # 1g each: an executor takes 1g
+    daemons = spark.cluster(settings, home)
     try:
-        spark.up(timeout=120)
-        env["ONCEFLOW_COMPUTE_SPARK_MASTER"] = spark.cluster()[0].master_url
-        yield env
+        spark.up(120, daemons)
+        env = {
+            "ONCEFLOW_COMPUTE_SPARK_MASTER": daemons[0].master_url,
+            "ONCEFLOW_COMPUTE_SPARK_EXECUTOR_PYTHON": spark.executor_python(),  # has onceflow-compute, not the job
+        }
+        yield Cluster(daemons, env, str(home))
     finally:
-        spark.down()
+        spark.down(daemons)
 
 
 @pytest.fixture
@@ -122,20 +134,21 @@ def _input(path: Path, records: int = 3000) -> tuple[Path, dict[str, dict]]:
     return path, {k: {"count": v["count"], "total": v["total"], "merchants": len(v["merchants"])} for k, v in expected.items()}
 
 
-def _batch(env: dict[str, str], job: str, pythonpath: Path, input_path: Path, output: Path) -> subprocess.CompletedProcess[str]:
+def _batch(cluster: Cluster, job: str, pythonpath: Path, input_path: Path, output: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "onceflow", "batch", job, "--input", str(input_path), "--output", str(output)],
-        cwd=repo_root(), env={**env, "PYTHONPATH": str(pythonpath)}, capture_output=True, text=True, timeout=300,
+        [sys.executable, "-m", "onceflow", "batch", "--job", job, "--input", str(input_path), "--output", str(output)],
+        cwd=repo_root(), env={**os.environ, **cluster.env, "PYTHONPATH": str(pythonpath)}, capture_output=True, text=True,
+        timeout=300,
     )
 
 
 def _table(output: Path) -> dict[str, dict]:
     rows = [json.loads(line) for line in output.read_text().splitlines()]
-    return {row["key"]: {k: row["value"][k] for k in ("count", "total", "merchants")} for row in rows}
+    return {row["user"]: {k: row[k] for k in ("count", "total", "merchants")} for row in rows}
 
 
 def test_a_user_job_with_its_own_combiner_runs_on_the_cluster_only_because_it_is_shipped(
-    spark_cluster: dict[str, str], user_job: tuple[str, Path], tmp_path: Path,
+    spark_cluster: Cluster, user_job: tuple[str, Path], tmp_path: Path,
 ) -> None:
     job, pythonpath = user_job
     input_path, expected = _input(tmp_path / "input.jsonl")
@@ -146,7 +159,7 @@ def test_a_user_job_with_its_own_combiner_runs_on_the_cluster_only_because_it_is
     # The control: the same job, not shipped, cannot run on these executors.
     script = textwrap.dedent(f"""
         from onceflow_compute import batch
-        engine = batch.spark_engine({spark_cluster["ONCEFLOW_COMPUTE_SPARK_MASTER"]!r}, ship=[])
+        engine = batch.spark_engine({spark_cluster.env["ONCEFLOW_COMPUTE_SPARK_MASTER"]!r}, ship=[])
         try:
             batch.run_batch({job!r}, {str(input_path)!r}, session_or_engine=engine, bisect_budget=2)
         except batch.JobFailed as exc:
@@ -155,7 +168,7 @@ def test_a_user_job_with_its_own_combiner_runs_on_the_cluster_only_because_it_is
             engine.close()
     """)
     control = subprocess.run(
-        [sys.executable, "-c", script], cwd=repo_root(), env={**spark_cluster, "PYTHONPATH": str(pythonpath)},
+        [sys.executable, "-c", script], cwd=repo_root(), env={**os.environ, **spark_cluster.env, "PYTHONPATH": str(pythonpath)},
         capture_output=True, text=True, timeout=300,
     )
     assert "JOBFAILED" in control.stdout and "No module named" in control.stdout, control.stdout[-3000:] + control.stderr[-3000:]
@@ -173,23 +186,87 @@ def _executor_pids(home: str) -> list[int]:
     return pids
 
 
+def _busy_executors(home: str) -> list[int]:
+    """Executors of this cluster with a Python daemon (pyspark.daemon) under them."""
+    executors = set(_executor_pids(home))
+    done = subprocess.run(["pgrep", "-f", "pyspark.daemon"], capture_output=True, text=True)
+    busy = []
+    for pid in map(int, done.stdout.split()):
+        try:
+            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent in executors:
+            busy.append(parent)
+    return busy
+
+
 def test_an_executor_killed_mid_batch_costs_a_retry_not_a_row(
-    spark_cluster: dict[str, str], user_job: tuple[str, Path], tmp_path: Path,
+    spark_cluster: Cluster, user_job: tuple[str, Path], tmp_path: Path,
 ) -> None:
     job, pythonpath = user_job
     job = job.replace(".merchants", ".slow_merchants")
     input_path, expected = _input(tmp_path / "input.jsonl", records=20_000)  # ≈10 s of combiner work
     batch = subprocess.Popen(
-        [sys.executable, "-m", "onceflow", "batch", job, "--input", str(input_path), "--output", str(tmp_path / "out.jsonl")],
-        cwd=repo_root(), env={**spark_cluster, "PYTHONPATH": str(pythonpath)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "onceflow", "batch", "--job", job, "--input", str(input_path), "--output", str(tmp_path / "out.jsonl")],
+        cwd=repo_root(), env={**os.environ, **spark_cluster.env, "PYTHONPATH": str(pythonpath)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
+    # An executor is busy once it has forked Spark's Python daemon for the combiner's task.
     deadline = time.monotonic() + 120
-    while not (executors := _executor_pids(spark_cluster["ONCEFLOW_HOME"])) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert executors, "no executor started"
-    time.sleep(4.0)  # past reading the input, into the tasks
+    while not (busy := _busy_executors(spark_cluster.home)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert busy, "no executor ever ran a Python task"
+    time.sleep(1.0)
     assert batch.poll() is None, "the batch ended before the kill: it proves nothing"
-    os.kill(executors[0], signal.SIGKILL)
+    os.kill(busy[0], signal.SIGKILL)
     out, err = batch.communicate(timeout=300)
     assert batch.returncode == 0, out[-3000:] + err[-3000:]
+    assert "Lost executor" in err, err[-3000:]  # the driver saw it go, and its tasks ran again elsewhere
     assert _table(tmp_path / "out.jsonl") == expected
+
+
+def test_a_streaming_worker_on_the_cluster_stays_exact_through_a_master_and_an_executor_kill(
+    spark_cluster: Cluster, user_job: tuple[str, Path], pipeline: Pipeline,
+) -> None:
+    """The compute service as deployed on a cluster: the user job shipped from the worker, the
+    master killed with kill -9 mid-stream (a standalone application keeps its executors), then
+    a busy executor killed (its tasks run again on the other worker)."""
+    from onceflow.infra import spark
+
+    job, pythonpath = user_job
+    rows = [{"user": f"u{i % 40}", "merchant": f"m{i % 13}", "amount": i % 97} for i in range(8000)]
+    inputs = [Input(f"sc-{i}", row["user"].encode(), json.dumps(row).encode(), True) for i, row in enumerate(rows)]
+    expected: dict[str, dict] = {}
+    for row in rows:
+        entry = expected.setdefault(row["user"], {"count": 0, "total": 0, "merchants": set()})
+        entry["count"] += 1
+        entry["total"] += row["amount"]
+        entry["merchants"].add(row["merchant"])
+    compute = worker(pipeline, job, "a", PYTHONPATH=str(pythonpath), **spark_cluster.env).start()
+    compute.wait_log("compute: assigned", 180)
+    sender = threading.Thread(target=produce, args=(pipeline, inputs, 16, 1.0), daemon=True)
+    sender.start()
+    compute.wait_log("shipped", 60)
+    time.sleep(4.0)
+    spark_cluster.daemons[0].kill9()  # the master
+    deadline = time.monotonic() + 60
+    while not (busy := _busy_executors(spark_cluster.home)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert busy, "no executor ran a task after the master was killed"
+    os.kill(busy[0], signal.SIGKILL)
+    sender.join(120)
+    assert not sender.is_alive()
+    sys.path.insert(0, str(pythonpath))  # to read the job's name, as the worker does
+    try:
+        name = load_job(job).name
+    finally:
+        sys.path.remove(str(pythonpath))
+    wait_consumed(pipeline, name)
+    fold = checker.fold_results(checker.read_committed(pipeline.common, pipeline.topic("compute.results")), name)
+    assert not fold.problems, fold.problems[:10]
+    table = {key: json.loads(row) for key, row in fold.table.items()}
+    assert {k: {"count": v["count"], "total": v["total"], "merchants": v["merchants"]} for k, v in table.items()} == {
+        k: {"count": v["count"], "total": v["total"], "merchants": len(v["merchants"])} for k, v in expected.items()
+    }
+    assert compute.alive()
+    spark.up(120, spark_cluster.daemons)  # the master back for the next test

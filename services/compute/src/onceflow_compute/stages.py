@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Sequence
 
@@ -34,6 +35,9 @@ from onceflow_compute.frames import Frame, build_frame
 from onceflow_compute.dataflow.watermarks import WatermarkTracker
 
 log = logging.getLogger(__name__)
+
+
+_IMPORT_ERROR = re.compile(r"\b(ModuleNotFoundError|ImportError)\b")
 
 
 class JobFailed(RuntimeError):
@@ -153,6 +157,13 @@ class MapStage:
                 # Spark refused the plan itself (a missing column, a bad expression): no record
                 # is to blame, so there is nothing to bisect.
                 raise JobFailed(f"job {self.job.name}: Spark cannot plan it: {self._last_error}") from exc
+            if _IMPORT_ERROR.search(self._last_error):
+                # The executors' Python lacks a module: the environment is broken, not a record.
+                raise JobFailed(
+                    f"job {self.job.name}: Spark's Python workers cannot import what it needs: {self._last_error} "
+                    "(on a cluster: does ONCEFLOW_COMPUTE_SPARK_EXECUTOR_PYTHON name a Python with onceflow-compute "
+                    "and the job's dependencies? The job's own package is shipped)"
+                ) from exc
             if len(rows) == 1:
                 return [], {rows[0]: self._last_error}
         middle = len(rows) // 2

@@ -123,7 +123,11 @@ def up(
             highlight=False,
         )
     if InfraSettings().spark_cluster == "standalone" and not os.environ.get("ONCEFLOW_COMPUTE_SPARK_MASTER", "").startswith("spark://"):
-        out.print(f"compute runs on it with ONCEFLOW_COMPUTE_SPARK_MASTER={spark.cluster()[0].master_url}", highlight=False)
+        out.print(
+            f"compute runs on it with ONCEFLOW_COMPUTE_SPARK_MASTER={spark.cluster()[0].master_url} "
+            f"ONCEFLOW_COMPUTE_SPARK_EXECUTOR_PYTHON={spark.executor_python()}",
+            highlight=False,
+        )
     raise typer.Exit(0 if healthy else 1)
 
 

@@ -2,9 +2,9 @@
 ``spark_workers`` workers on 127.0.0.1, started through the wheel's ``bin/spark-class``, with
 their logs, work directories and pid files under ``$ONCEFLOW_HOME/spark-cluster``.
 
-The workers' executors run this venv's Python (``PYSPARK_PYTHON`` in their environment) with
-no PYTHONPATH of ours: a job module reaches them only if the driver ships it
-(docs/services/compute.md, "Running on a cluster")."""
+The executors run the Python the driver names (ONCEFLOW_COMPUTE_SPARK_EXECUTOR_PYTHON; this
+venv's is ``executor_python()``) with no PYTHONPATH of ours: a job module reaches them only if
+the driver ships it (docs/services/compute.md, "Running on a cluster")."""
 
 from __future__ import annotations
 
@@ -21,6 +21,11 @@ from onceflow.infra.settings import InfraSettings
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
+
+
+def executor_python() -> str:
+    """This venv's interpreter: on this machine's cluster it has onceflow-compute installed."""
+    return sys.executable
 
 
 def spark_home() -> Path:
@@ -94,8 +99,6 @@ class SparkDaemon:
             "SPARK_LOG_DIR": str(self.dir),
             "SPARK_DAEMON_MEMORY": "256m",
             "SPARK_LOCAL_IP": "127.0.0.1",
-            # Executors run this venv's interpreter, but nothing of ours on their path.
-            "PYSPARK_PYTHON": sys.executable,
         }
         return env
 
@@ -128,10 +131,11 @@ class SparkDaemon:
         return pid
 
 
-def cluster(settings: InfraSettings | None = None) -> list[SparkDaemon]:
-    """The master, then its workers, as the settings describe them."""
+def cluster(settings: InfraSettings | None = None, home: Path | None = None) -> list[SparkDaemon]:
+    """The master, then its workers, as the settings describe them (under ``home``, default
+    ``$ONCEFLOW_HOME/spark-cluster``)."""
     s = settings or InfraSettings()
-    home = runtime_dir() / "spark-cluster"
+    home = home or runtime_dir() / "spark-cluster"
     return [
         SparkDaemon(i, s.spark_master_port, s.spark_workers, s.spark_worker_cores, s.spark_worker_memory, home)
         for i in range(s.spark_workers + 1)
@@ -154,9 +158,9 @@ def alive_workers(master: SparkDaemon) -> set[int]:
     } if state else set()
 
 
-def up(timeout: float) -> list[SparkDaemon]:
+def up(timeout: float, daemons: list[SparkDaemon] | None = None) -> list[SparkDaemon]:
     """Start the master and every worker, and wait until the master lists them ALIVE."""
-    daemons = cluster()
+    daemons = daemons or cluster()
     master, workers = daemons[0], daemons[1:]
     with _proc.file_lock(master.home / ".lock"):
         master.start()
@@ -173,11 +177,20 @@ def up(timeout: float) -> list[SparkDaemon]:
     return daemons
 
 
-def down() -> list[str]:
-    """Workers first, then the master; the names of those that ran. Every daemon that may have
-    run is looked for, whatever the worker count is now."""
-    daemons = cluster(InfraSettings(spark_workers=max(InfraSettings().spark_workers, 8)))
-    return [d.name for d in reversed(daemons) if d.stop()]
+def down(daemons: list[SparkDaemon] | None = None, home: Path | None = None) -> list[str]:
+    """Workers first, then the master; the names of those that ran. By default every daemon
+    with a pid file under ``home``, whatever the ports and worker count are now."""
+    if daemons is not None:
+        return [d.name for d in reversed(daemons) if d.stop()]
+    home = home or runtime_dir() / "spark-cluster"
+    stopped = []
+    for pid_file in sorted(home.glob("spark-*/spark-*.pid"), reverse=True):  # workers sort after the master
+        pid = _proc.read_pid(pid_file, "org.apache.spark.deploy.")
+        if pid is not None:
+            _proc.stop_pid(pid, 20.0)
+            stopped.append(pid_file.stem)
+        pid_file.unlink(missing_ok=True)
+    return stopped
 
 
 def healthy(daemon: SparkDaemon, master: SparkDaemon) -> bool:
