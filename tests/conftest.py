@@ -49,6 +49,9 @@ from tests.harness.process import ServiceProcess, free_port  # noqa: E402
 
 # Short enough that a SIGSTOPped member leaves the group quickly in zombie tests.
 TEST_SESSION_TIMEOUT_MS = 6000
+# Compute workers in tests live seconds between kills: a JVM tuned for starting, not for peak
+# speed (docs/services/compute.md, ONCEFLOW_COMPUTE_SPARK_JAVA_OPTIONS).
+SHORT_LIVED_COMPUTE = {"ONCEFLOW_COMPUTE_SPARK_JAVA_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
 
 
 def _weight(item: pytest.Item) -> int:

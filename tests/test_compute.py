@@ -29,7 +29,7 @@ from onceflow.v1 import compute_pb2, compute_pb2_grpc
 from onceflow.v1.envelope_pb2 import DeadLetter, Envelope
 from onceflow_compute.batch import run_batch, spark_engine
 from onceflow_compute.engines import SparkEngine
-from tests.conftest import Pipeline, eventually, free_port
+from tests.conftest import SHORT_LIVED_COMPUTE, Pipeline, eventually, free_port
 from tests.harness import checker
 from tests.harness.process import ServiceProcess
 
@@ -108,8 +108,7 @@ def worker(pipe: Pipeline, job: str, instance: str, **env: str) -> ServiceProces
         "ONCEFLOW_COMPUTE_JOB": job, "ONCEFLOW_COMPUTE_INSTANCE": instance, "ONCEFLOW_COMPUTE_PORT": str(free_port()),
         "ONCEFLOW_COMPUTE_METRICS_PORT": "0", "ONCEFLOW_COMPUTE_SPARK_MASTER": "local[1]",
         "ONCEFLOW_COMPUTE_MIN_BATCH_RECORDS": "200", "ONCEFLOW_COMPUTE_MAX_BATCH_RECORDS": "4000",
-        # Workers here live seconds between kills: a JVM tuned for starting, not for peak speed.
-        "ONCEFLOW_COMPUTE_SPARK_JAVA_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+        **SHORT_LIVED_COMPUTE,
     }
     return pipe.process(f"compute-{job.rsplit('.', 1)[-1]}-{instance}-{len(pipe.processes)}", "onceflow_compute", **(settings | env))
 

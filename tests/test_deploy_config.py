@@ -170,6 +170,7 @@ def test_compose_runs_the_kafka_version_everything_else_runs() -> None:
 
 
 @pytest.mark.parametrize("service", sorted(packages()))
+@pytest.mark.security
 def test_a_service_bound_beyond_loopback_in_compose_cannot_start_without_an_admin_token(service: str) -> None:
     """docs/admin.md, "Threat model": compose binds services to its network, so `${VAR:?}`
     makes `docker compose up` stop with the reason when no token is given."""
@@ -179,6 +180,7 @@ def test_a_service_bound_beyond_loopback_in_compose_cannot_start_without_an_admi
     assert all(p.startswith("127.0.0.1:") for p in compose()[service]["ports"])  # published on the host's loopback only
 
 
+@pytest.mark.security
 def test_every_service_image_runs_as_an_unprivileged_user() -> None:
     stages = re.split(r"^FROM ", (ROOT / "Dockerfile").read_text(), flags=re.M)
     targets = {stage.split()[2]: stage for stage in stages if " AS " in stage.split("\n", 1)[0]}

@@ -109,6 +109,7 @@ def _expect(code: grpc.StatusCode, text: str, call, *args) -> None:
     assert text in info.value.details(), info.value.details()
 
 
+@pytest.mark.security
 def test_bad_requests_get_precise_errors_and_lose_nothing_valid(pipeline: Pipeline) -> None:
     proc, address = _ingest(
         pipeline, ONCEFLOW_INGEST_MAX_PAYLOAD_BYTES="1000", ONCEFLOW_INGEST_MAX_REQUEST_RECORDS="5",
@@ -207,6 +208,7 @@ def test_backpressure_answers_resource_exhausted_with_a_retry_hint(pipeline: Pip
     assert proc.terminate() == 0, proc.log_tail()
 
 
+@pytest.mark.security
 def test_admin_status_pause_needs_token_and_sigterm_is_clean(pipeline: Pipeline) -> None:
     proc, address = _ingest(pipeline)
     channel = grpc.insecure_channel(address)
@@ -234,6 +236,7 @@ def test_admin_status_pause_needs_token_and_sigterm_is_clean(pipeline: Pipeline)
     assert "stopped cleanly" in proc.log_tail()
 
 
+@pytest.mark.security
 def test_open_streams_past_the_call_limit_are_refused_and_health_and_admin_still_answer(pipeline: Pipeline) -> None:
     """Slow calls (idle streams here, wait=PROCESSED in production) cannot take the threads that
     health checks and Admin calls need: past max_concurrent_calls a call is refused at once."""

@@ -16,6 +16,7 @@ import pytest
 
 from onceflow.config import repo_root
 from onceflow.process import free_port
+from tests.conftest import SHORT_LIVED_COMPUTE
 
 # One worker takes the whole module: its cluster fixture is started once.
 pytestmark = [pytest.mark.cluster, pytest.mark.integration, pytest.mark.fault, pytest.mark.xdist_group("cluster")]
@@ -56,6 +57,7 @@ def cluster_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
         "ONCEFLOW_KAFKA_BOOTSTRAP": ",".join(f"127.0.0.1:{broker + step}" for step in (0, 10, 20)),
         "ONCEFLOW_KAFKA_CONTROLLER_PORT": str(controller),
         "ONCEFLOW_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+        **SHORT_LIVED_COMPUTE,
     }
     try:
         up = onceflow(env, "infra", "up", "--brokers", "3", timeout_s=300)

@@ -5,6 +5,7 @@ fails. A checker that cannot fail proves nothing."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -12,6 +13,7 @@ import pytest
 
 from onceflow.config import repo_root
 from onceflow.verify.schedule import available_kinds
+from tests.conftest import SHORT_LIVED_COMPUTE
 
 pytestmark = [pytest.mark.verify, pytest.mark.integration, pytest.mark.fault]
 
@@ -19,7 +21,7 @@ pytestmark = [pytest.mark.verify, pytest.mark.integration, pytest.mark.fault]
 def verify(*args: str, timeout_s: float) -> tuple[int, dict]:
     done = subprocess.run(
         [sys.executable, "-m", "onceflow", "verify", "--json", *args],
-        cwd=repo_root(), capture_output=True, text=True, timeout=timeout_s,
+        cwd=repo_root(), env={**os.environ, **SHORT_LIVED_COMPUTE}, capture_output=True, text=True, timeout=timeout_s,
     )
     assert done.stdout.strip(), done.stderr[-5000:]
     print(done.stderr[-6000:])  # verify's notes (faults, stacks of a pipeline that would not drain): shown on failure
@@ -30,11 +32,11 @@ def verify(*args: str, timeout_s: float) -> tuple[int, dict]:
 def test_a_short_campaign_with_every_fault_kind_holds_exactly_once(infra: None) -> None:
     """Every kind, the three Redis faults among them, each followed by late re-sends of records
     from before it; judged on the drained pipeline."""
-    code, verdict = verify("--duration", "60s", "--rate", "150", "--fault-every", "7", "--seed", "3", timeout_s=900)
+    code, verdict = verify("--duration", "50s", "--rate", "150", "--fault-every", "6", "--seed", "3", timeout_s=900)
     assert verdict["ok"] and code == 0, json.dumps(verdict)
     assert all(verdict["faults_injected"].get(kind, 0) >= 1 for kind in available_kinds()), verdict["faults_injected"]
     assert verdict["faults_injected"]["client_resends"] > 0
-    assert verdict["records"] == 60 * 150 and verdict["distinct"] == verdict["records"]
+    assert verdict["records"] == 50 * 150 and verdict["distinct"] == verdict["records"]
     assert verdict["lost"] == verdict["duplicated"] == verdict["aborted_reads"] == verdict["hanging_transactions"] == 0
     assert verdict["sink_matches_batch"] and verdict["sink_rows"] > 100
     assert verdict["zombie_exits"]  # a zombie was paused, replaced and resumed
@@ -50,7 +52,7 @@ def test_a_build_that_commits_offsets_outside_the_transaction_and_reads_aborted_
     of aborted writes. On the keyed-count workload (the short campaign above runs Nexmark)."""
     code, verdict = verify(
         "--workload", "keyed-count",
-        "--sabotage", "offsets_outside_txn,read_uncommitted", "--faults", "crash_in_txn", "--duration", "30s",
+        "--sabotage", "offsets_outside_txn,read_uncommitted", "--faults", "crash_in_txn", "--duration", "24s",
         "--rate", "150", "--fault-every", "4", "--seed", "5", "--settle", "15", timeout_s=600,
     )
     assert verdict["faults_injected"].get("crash_in_txn", 0) >= 3, verdict["faults_injected"]
@@ -65,7 +67,7 @@ def test_a_build_that_trusts_redis_fails_verification_after_a_rollback_and_a_flu
     the gate a second time and leaves rows wrong, and nothing else notices."""
     code, verdict = verify(
         "--workload", "keyed-count", "--sabotage", "redis_unchecked", "--faults", "redis-rollback,redis-flush",
-        "--duration", "30s", "--rate", "150", "--fault-every", "5", "--seed", "9", "--settle", "30", timeout_s=600,
+        "--duration", "24s", "--rate", "150", "--fault-every", "5", "--seed", "9", "--settle", "30", timeout_s=600,
     )
     assert verdict["faults_injected"].get("redis-rollback", 0) >= 1 and verdict["faults_injected"].get("redis-flush", 0) >= 1
     assert code == 1 and not verdict["ok"], verdict

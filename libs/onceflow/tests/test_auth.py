@@ -15,7 +15,7 @@ from onceflow.admin.auth import OPEN_METHODS, READ_METHODS, Access, TokenAuthInt
 from onceflow.config import CommonSettings
 from onceflow.v1 import acker_pb2, admin_pb2, admin_pb2_grpc, compute_pb2, dedup_pb2, ingest_pb2, sink_pb2
 
-pytestmark = [pytest.mark.foundation, pytest.mark.admin]
+pytestmark = [pytest.mark.foundation, pytest.mark.admin, pytest.mark.security]
 
 PASSED = object()
 

@@ -13,6 +13,7 @@ from onceflow import service_main
 from onceflow.config import CommonSettings
 
 
+
 class _ToySettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ONCEFLOW_TOY_")
     max_pending: int = 100

@@ -11,6 +11,8 @@ from onceflow.admin import ServiceServer, StatusSnapshot, Tokens
 from onceflow.v1 import admin_pb2, admin_pb2_grpc
 
 
+pytestmark = pytest.mark.security
+
 class _Idle:
     def status(self) -> StatusSnapshot:
         return StatusSnapshot(state="RUNNING")

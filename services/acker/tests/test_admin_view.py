@@ -15,6 +15,8 @@ from onceflow_acker.stage import AckerStats
 from onceflow_acker.trees import Tree
 
 
+pytestmark = pytest.mark.security
+
 class _CountingStore(dict):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)

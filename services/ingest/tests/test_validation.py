@@ -8,7 +8,7 @@ from onceflow.v1.ingest_pb2 import IngestRecord
 from onceflow.codec import decode_envelope
 from onceflow_ingest.validation import Limits, check_record, envelope_bytes
 
-pytestmark = pytest.mark.foundation
+pytestmark = [pytest.mark.foundation, pytest.mark.security]
 
 LIMITS = Limits(max_payload_bytes=100, max_key_bytes=10)
 
