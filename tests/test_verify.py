@@ -52,7 +52,7 @@ def test_a_build_that_commits_offsets_outside_the_transaction_and_reads_aborted_
     of aborted writes. On the keyed-count workload (the short campaign above runs Nexmark)."""
     code, verdict = verify(
         "--workload", "keyed-count",
-        "--sabotage", "offsets_outside_txn,read_uncommitted", "--faults", "crash_in_txn", "--duration", "24s",
+        "--sabotage", "offsets_outside_txn,read_uncommitted", "--faults", "crash_in_txn", "--duration", "30s",
         "--rate", "150", "--fault-every", "4", "--seed", "5", "--settle", "15", timeout_s=600,
     )
     assert verdict["faults_injected"].get("crash_in_txn", 0) >= 3, verdict["faults_injected"]
