@@ -122,16 +122,21 @@ def user_job(tmp_path: Path) -> tuple[str, Path]:
     return f"{package}.merchants", tmp_path
 
 
-def _input(path: Path, records: int = 3000) -> tuple[Path, dict[str, dict]]:
-    rows = [{"user": f"u{i % 7}", "merchant": f"m{i % 11}", "amount": i % 50} for i in range(records)]
-    expected: dict[str, dict] = {}
+def _answer(rows: list[dict]) -> dict[str, dict]:
+    """The job's table by a plain fold: per user, count, total and distinct merchants."""
+    folded: dict[str, dict] = {}
     for row in rows:
-        entry = expected.setdefault(row["user"], {"count": 0, "total": 0, "merchants": set()})
+        entry = folded.setdefault(row["user"], {"count": 0, "total": 0, "merchants": set()})
         entry["count"] += 1
         entry["total"] += row["amount"]
         entry["merchants"].add(row["merchant"])
+    return {k: {"count": v["count"], "total": v["total"], "merchants": len(v["merchants"])} for k, v in folded.items()}
+
+
+def _input(path: Path, records: int = 3000) -> tuple[Path, dict[str, dict]]:
+    rows = [{"user": f"u{i % 7}", "merchant": f"m{i % 11}", "amount": i % 50} for i in range(records)]
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return path, {k: {"count": v["count"], "total": v["total"], "merchants": len(v["merchants"])} for k, v in expected.items()}
+    return path, _answer(rows)
 
 
 def _batch(cluster: Cluster, job: str, pythonpath: Path, input_path: Path, output: Path) -> subprocess.CompletedProcess[str]:
@@ -213,12 +218,6 @@ def test_a_streaming_worker_on_the_cluster_stays_exact_through_a_master_and_an_e
     job = job.replace(".merchants", ".slow_merchants")  # busy executors: the kill lands mid-task
     rows = [{"user": f"u{i % 40}", "merchant": f"m{i % 13}", "amount": i % 97} for i in range(8000)]
     inputs = [Input(f"sc-{i}", row["user"].encode(), json.dumps(row).encode(), True) for i, row in enumerate(rows)]
-    expected: dict[str, dict] = {}
-    for row in rows:
-        entry = expected.setdefault(row["user"], {"count": 0, "total": 0, "merchants": set()})
-        entry["count"] += 1
-        entry["total"] += row["amount"]
-        entry["merchants"].add(row["merchant"])
     compute = worker(pipeline, job, "a", PYTHONPATH=str(pythonpath), **spark_cluster.env).start()
     compute.wait_log("compute: assigned", 180)
     sender = threading.Thread(target=produce, args=(pipeline, inputs, 16, 1.0), daemon=True)
@@ -243,8 +242,6 @@ def test_a_streaming_worker_on_the_cluster_stays_exact_through_a_master_and_an_e
     fold = checker.fold_results(checker.read_committed(pipeline.common, pipeline.topic("compute.results")), name)
     assert not fold.problems, fold.problems[:10]
     table = {key: json.loads(row) for key, row in fold.table.items()}
-    assert {k: {"count": v["count"], "total": v["total"], "merchants": v["merchants"]} for k, v in table.items()} == {
-        k: {"count": v["count"], "total": v["total"], "merchants": len(v["merchants"])} for k, v in expected.items()
-    }
+    assert {k: {"count": v["count"], "total": v["total"], "merchants": v["merchants"]} for k, v in table.items()} == _answer(rows)
     assert compute.alive()
     spark.up(120, spark_cluster.daemons)  # the master back for the next test

@@ -91,6 +91,16 @@ def stop_pid(pid: int, timeout: float) -> bool:
     return False
 
 
+def stop_recorded(pid_file: Path, marker: str, timeout: float) -> bool:
+    """Stop the process ``pid_file`` records (``read_pid``) and forget it; False if none ran."""
+    pid = read_pid(pid_file, marker)
+    if pid is None:
+        return False
+    stop_pid(pid, timeout)
+    pid_file.unlink(missing_ok=True)
+    return True
+
+
 def kill_pid(pid: int, timeout: float = 10.0) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)

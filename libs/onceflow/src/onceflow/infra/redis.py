@@ -168,12 +168,7 @@ class RedisServer:
             return self._stop(timeout)
 
     def _stop(self, timeout: float) -> bool:
-        pid = self.pid()
-        if pid is None:
-            return False
-        _proc.stop_pid(pid, timeout)
-        self.pid_file.unlink(missing_ok=True)
-        return True
+        return _proc.stop_recorded(self.pid_file, "redis-server", timeout)
 
     def kill(self) -> bool:
         """SIGKILL: at most the last second of writes is lost (appendfsync everysec)."""

@@ -40,7 +40,6 @@ class SparkDaemon:
 
     index: int
     master_port: int
-    workers: int
     worker_cores: int
     worker_memory: str
     home: Path
@@ -102,8 +101,13 @@ class SparkDaemon:
         }
         return env
 
+    @property
+    def marker(self) -> str:
+        """What its command line holds: its port (several clusters may run on one host)."""
+        return f"--port {self.port}"
+
     def pid(self) -> int | None:
-        return _proc.read_pid(self.pid_file, f"--port {self.port}")
+        return _proc.read_pid(self.pid_file, self.marker)
 
     def start(self) -> int | None:
         """Spawn if not running; the pid, or None if it already ran."""
@@ -116,12 +120,7 @@ class SparkDaemon:
         return pid
 
     def stop(self, timeout: float = 20.0) -> bool:
-        pid = self.pid()
-        if pid is None:
-            return False
-        _proc.stop_pid(pid, timeout)
-        self.pid_file.unlink(missing_ok=True)
-        return True
+        return _proc.stop_recorded(self.pid_file, self.marker, timeout)
 
     def kill9(self) -> int | None:
         pid = self.pid()
@@ -137,7 +136,7 @@ def cluster(settings: InfraSettings | None = None, home: Path | None = None) -> 
     s = settings or InfraSettings()
     home = home or runtime_dir() / "spark-cluster"
     return [
-        SparkDaemon(i, s.spark_master_port, s.spark_workers, s.spark_worker_cores, s.spark_worker_memory, home)
+        SparkDaemon(i, s.spark_master_port, s.spark_worker_cores, s.spark_worker_memory, home)
         for i in range(s.spark_workers + 1)
     ]
 
@@ -185,9 +184,7 @@ def down(daemons: list[SparkDaemon] | None = None, home: Path | None = None) -> 
     home = home or runtime_dir() / "spark-cluster"
     stopped = []
     for pid_file in sorted(home.glob("spark-*/spark-*.pid"), reverse=True):  # workers sort after the master
-        pid = _proc.read_pid(pid_file, "org.apache.spark.deploy.")
-        if pid is not None:
-            _proc.stop_pid(pid, 20.0)
+        if _proc.stop_recorded(pid_file, "org.apache.spark.deploy.", 20.0):
             stopped.append(pid_file.stem)
         pid_file.unlink(missing_ok=True)
     return stopped
