@@ -160,6 +160,27 @@ def test_two_ackers_split_the_trees_and_both_restart(pipeline: Pipeline) -> None
 
 
 @pytest.mark.fault
+def test_an_acker_back_from_an_outage_reads_its_backlog_before_timing_anything_out(pipeline: Pipeline) -> None:
+    # Every tree is fully acked while the acker is down, and every deadline passes before it is
+    # back. Its backlog takes many small batches: a sweep by the clock alone would time out (and
+    # replay) trees whose acks are still unread. None may time out.
+    deploy = Deployment(pipeline, tree_timeout_ms=12_000).start()
+    acker, _address = deploy.ackers[0]
+    assert acker.kill9() == -9
+    batch = items("outage", 3000)
+    _send(deploy.address, batch, size=250, pause_s=0.05)
+    time.sleep(25.0)  # past every deadline; the bolts ack meanwhile
+    acker.start({"ONCEFLOW_LOOP_MAX_BATCH_RECORDS": "5"})
+    _wait_all_completed(deploy, len(batch))
+    time.sleep(2.0)  # a timeout or a replay's completion would show up by now
+    events = deploy.events()
+    _completed_once(events, [i.record_id for i in batch])
+    assert Counter(TreeEvent.Outcome.Name(e.outcome) for e in events) == {"COMPLETED": len(batch)}
+    assert {e.attempt for e in events} == {1}
+    deploy.stop()
+
+
+@pytest.mark.fault
 def test_dropped_records_time_out_and_complete_on_replay(pipeline: Pipeline) -> None:
     # The timeout must be far above the pipeline's latency on a loaded 2-core machine, or
     # healthy trees time out too (which is correct behaviour, but not this test's subject).

@@ -8,7 +8,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from onceflow.codec import decode_envelope
-from onceflow.kafka.inspect import TopicRecord, consumed_everything, end_offsets, hanging_transactions, read_committed
+from onceflow.kafka.inspect import (
+    TopicRecord, consumed_everything, end_offsets, hanging_transactions, latest_by_key, read_committed,
+)
 
 __all__ = [
     "DeliveryReport", "ResultFold", "TopicRecord", "consumed_everything", "end_offsets", "fold_results", "hanging_transactions", "latest_by_key", "read_committed",
@@ -22,18 +24,6 @@ def record_id(record: TopicRecord) -> str:
 
 def record_id_of_bytes(value: bytes) -> str:
     return decode_envelope(value).record_id
-
-
-def latest_by_key(records: Iterable[TopicRecord]) -> dict[tuple[int, bytes], bytes]:
-    """A compacted changelog read as a table: (partition, key) -> last value, tombstones removed."""
-    table: dict[tuple[int, bytes], bytes] = {}
-    for record in sorted(records, key=lambda r: (r.partition, r.offset)):
-        assert record.key is not None
-        if record.value is None:
-            table.pop((record.partition, record.key), None)
-        else:
-            table[(record.partition, record.key)] = record.value
-    return table
 
 
 @dataclass

@@ -3,8 +3,10 @@ that returns in time does not."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 
 from onceflow.txn.errors import EXIT_RESTART
 
@@ -27,3 +29,27 @@ def test_a_hung_call_exits_for_a_restart_and_a_quick_one_does_not() -> None:
     assert done.returncode == EXIT_RESTART, done.stdout + done.stderr
     assert "survived the quick call" in done.stdout and "never reached" not in done.stdout
     assert "hung send_offsets" in done.stderr and "stuck past its timeout" in done.stderr
+
+
+_STOPPED_SCRIPT = """
+import time
+from onceflow.txn.producer import CallWatchdog
+watchdog = CallWatchdog("test")
+with watchdog.guard("send_offsets of a zombie", 3.0):
+    print("in the call", flush=True)
+    time.sleep(2.0)
+time.sleep(1.5)
+print("survived the stop", flush=True)
+"""
+
+
+def test_time_a_process_spends_stopped_does_not_count_against_its_call() -> None:
+    # A SIGSTOPped instance (a zombie) must resume inside its call and meet its fence there.
+    proc = subprocess.Popen([sys.executable, "-c", _STOPPED_SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "in the call"
+    proc.send_signal(signal.SIGSTOP)
+    time.sleep(6.0)  # twice the call's limit
+    proc.send_signal(signal.SIGCONT)
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, out + err
+    assert "survived the stop" in out

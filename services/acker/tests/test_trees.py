@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from onceflow import acks
 from onceflow.v1.acker_pb2 import AckerMessage, RecordRef
-from onceflow_acker.trees import Outcome, Tree, apply, encode_new_init, expired, xor_pending
+from onceflow_acker.trees import Outcome, SweepClock, Tree, apply, encode_new_init, expired, xor_pending
 
 pytestmark = pytest.mark.acker
 
@@ -163,3 +163,18 @@ def test_the_new_init_fast_path_agrees_with_the_full_path(xor_value, sent_at, ti
         assert xor_value == 0 and decision is not None and decision.outcome is Outcome.COMPLETED
     else:
         assert decision is None and Tree.decode(fast) == full
+
+
+def test_the_sweep_clock_is_the_wall_clock_only_once_the_input_is_read_to_the_end() -> None:
+    clock = SweepClock()
+    assert clock.now(0, wall_ms=50_000, caught_up=True) == 50_000
+    # Behind with nothing read yet: no tree of that partition can be judged late.
+    assert clock.now(0, wall_ms=50_000, caught_up=False) == 0
+    clock.observe(0, 20_000)
+    clock.observe(0, 10_000)  # an older message read later does not move it back
+    assert clock.now(0, wall_ms=50_000, caught_up=False) == 20_000
+    assert clock.now(1, wall_ms=50_000, caught_up=False) == 0  # each partition on its own
+    clock.forget([0])
+    assert clock.now(0, wall_ms=50_000, caught_up=False) == 0
+    clock.observe(0, 60_000)  # a sender's clock ahead of ours: never beyond the wall clock
+    assert clock.now(0, wall_ms=50_000, caught_up=False) == 50_000

@@ -4,6 +4,7 @@ kill -9, SIGSTOP/SIGCONT (zombies). Used by the CLI's demo and by the fault test
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -100,7 +101,20 @@ class ServiceProcess:
         try:
             return self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"{self.name} still running after {timeout_s}s\n{self.log_tail()}") from None
+            stacks = self.stack_dump() or "(no py-spy)"
+            raise AssertionError(f"{self.name} still running after {timeout_s}s\n{self.log_tail()}\n{stacks}") from None
+
+    def stack_dump(self) -> str:
+        """Every thread's Python stack (py-spy, a dev dependency), or "" if it cannot be had:
+        where a process that should have moved on sits, rather than guesses."""
+        py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        if not self.alive() or not Path(py_spy).exists():
+            return ""
+        try:
+            done = subprocess.run([py_spy, "dump", "--pid", str(self.pid)], capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"py-spy dump failed: {exc}"
+        return done.stdout + done.stderr
 
     def ensure_dead(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -16,7 +16,7 @@ from onceflow.acks import root_key
 from onceflow.txn.batch import Batch
 from onceflow.v1.acker_pb2 import AckerBatch, AckerMessage, TreeEvent
 
-from onceflow_acker.trees import Decision, Outcome, Tree, apply, encode_new_init, expired, xor_pending
+from onceflow_acker.trees import Decision, Outcome, SweepClock, Tree, apply, encode_new_init, expired, xor_pending
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,7 @@ class AckerStage:
         self._default_timeout_ms = default_timeout_ms
         self.stats = stats
         self._event = TreeEvent()
+        self._clock = SweepClock()
 
     def process(self, batch: Batch) -> None:
         now = batch.now_ms
@@ -90,6 +91,7 @@ class AckerStage:
                 batch.dead_letter(record, exc)
                 continue
             state = batch.state(record.partition())
+            self._clock.observe(record.partition(), record.timestamp()[1])
             acks += len(messages)
             for message in messages:
                 root_id = message.root_id
@@ -121,12 +123,19 @@ class AckerStage:
                     decisions.append(self._emit(batch, root_id, decision, now))
         batch.after_commit.append(lambda: self.stats.record(acks, decisions))
 
+    def on_assign(self, partitions: list[int]) -> None:
+        self._clock.forget(partitions)
+
+    def on_revoke(self, partitions: list[int]) -> None:
+        self._clock.forget(partitions)
+
     def punctuate(self, batch: Batch) -> None:
-        """Time out trees past their deadline, by processing time."""
-        now = batch.now_ms
+        """Time out trees past their deadline: by processing time, or while this partition's
+        input is behind, by how far it has been read (``SweepClock``)."""
         decisions: list[tuple[Outcome, int]] = []
         orphans = 0
         for partition in batch.owned_partitions:
+            now = self._clock.now(partition, batch.now_ms, partition in batch.caught_up)
             state = batch.state(partition)
             due = [
                 (key, value)
@@ -146,7 +155,7 @@ class AckerStage:
                 decision = expired(tree, now)
                 if decision is not None:
                     state.delete(key)
-                    decisions.append(self._emit(batch, int.from_bytes(key, "big"), decision, now))
+                    decisions.append(self._emit(batch, int.from_bytes(key, "big"), decision, batch.now_ms))
         if decisions:
             batch.after_commit.append(lambda: self.stats.record(0, decisions))
         if orphans:

@@ -134,3 +134,28 @@ def expired(tree: Tree, now_ms: int) -> Decision | None:
     if now_ms < tree.deadline_ms:
         return None
     return Decision(Outcome.TIMED_OUT, tree, f"not fully acked within {tree.deadline_ms - tree.started_ms} ms")
+
+
+class SweepClock:
+    """The "now" the timeout sweep judges a partition's trees by. Processing time while the
+    acker has read its input to the end; while it is behind (a backlog after a restart or an
+    outage), the send time of the newest message read from that partition. A tree's acks all
+    live in its own partition, so a tree is only timed out once the acker has read past its
+    deadline: acks waiting unread in the backlog cannot be timed out (and replayed for nothing)
+    before they are seen."""
+
+    def __init__(self) -> None:
+        self._read_up_to: dict[int, int] = {}
+
+    def observe(self, partition: int, sent_at_ms: int) -> None:
+        if sent_at_ms > self._read_up_to.get(partition, 0):
+            self._read_up_to[partition] = sent_at_ms
+
+    def forget(self, partitions: list[int]) -> None:
+        for partition in partitions:
+            self._read_up_to.pop(partition, None)
+
+    def now(self, partition: int, wall_ms: int, caught_up: bool) -> int:
+        if caught_up:
+            return wall_ms
+        return min(wall_ms, self._read_up_to.get(partition, 0))

@@ -128,6 +128,20 @@ def read_committed(
     return _read(common, topic, start, timeout_s, on_progress, "read_committed")
 
 
+def latest_by_key(records: Iterable[TopicRecord]) -> dict[tuple[int, bytes], bytes]:
+    """A compacted changelog read as a table: (partition, key) -> last value, tombstones removed
+    (keyless records are not part of the table)."""
+    table: dict[tuple[int, bytes], bytes] = {}
+    for record in sorted(records, key=lambda r: (r.partition, r.offset)):
+        if record.key is None:
+            continue
+        if record.value is None:
+            table.pop((record.partition, record.key), None)
+        else:
+            table[(record.partition, record.key)] = record.value
+    return table
+
+
 def read_uncommitted(common: CommonSettings, topic: str, timeout_s: float = 120.0) -> list[TopicRecord]:
     """Every record of ``topic`` up to the high watermark, aborted transactions' included: what
     a checker compares the committed read with to find the aborted writes."""

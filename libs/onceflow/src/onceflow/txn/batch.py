@@ -58,6 +58,10 @@ class Batch:
         self._overlays: dict[int, StateTransaction] = {}
         self._dlq_topic = dlq_topic
         self._stage = stage
+        # The owned input partitions this worker has read to the end of, as far as its consumer
+        # knows: set by the loop for a punctuation (a sweep may judge a lagging partition by
+        # how far it was read rather than by the clock).
+        self.caught_up: frozenset[int] = frozenset(self.owned_partitions)
 
     def emit(
         self,

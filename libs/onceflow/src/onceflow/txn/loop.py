@@ -147,6 +147,9 @@ class TransactionalLoop:
             self._common,
             self.group_id,
             **{"session.timeout.ms": self._settings.session_timeout_ms},
+            # End-of-partition events move the position past a final transaction marker, so
+            # "position == high watermark" means read to the end (lag, sweeps).
+            **{"enable.partition.eof": True},
             # The checker's proof that it sees aborted reads: never do this.
             **({"isolation.level": "read_uncommitted"} if faults.sabotaged("read_uncommitted") else {}),
         )
@@ -186,7 +189,6 @@ class TransactionalLoop:
     def _poll(self) -> list[Message]:
         assert self._consumer is not None
         messages = self._consumer.consume(num_messages=self._batch_bound, timeout=self._settings.max_batch_ms / 1000)
-        self._adapt_batch_bound(len(messages))
         records = []
         for message in messages:
             error = message.error()
@@ -194,6 +196,7 @@ class TransactionalLoop:
                 records.append(message)
             elif error.code() != KafkaError._PARTITION_EOF:
                 log.warning("consume: %s", error)
+        self._adapt_batch_bound(len(records))
         return records
 
     def _adapt_batch_bound(self, polled: int) -> None:
@@ -224,6 +227,7 @@ class TransactionalLoop:
             if records:
                 self.stage.process(batch)
             if punctuate and self._punctuate is not None:
+                batch.caught_up = self._caught_up()
                 self._punctuate(batch)
             batch.seal()
         except StoreDiverged as exc:
@@ -270,6 +274,17 @@ class TransactionalLoop:
             log.info("%s: a batch committed again after %d failed attempts", self.stage.name, self.stats.stage_failures)
             self.stats.stage_failures = 0
             self.health_listener(True)
+
+    def _caught_up(self) -> frozenset[int]:
+        """Owned partitions not known to be behind: position at the high watermark of the last
+        fetch, or not known yet (nothing consumed there since the assignment)."""
+        assert self._consumer is not None
+        done = set()
+        for tp in self._consumer.position(self._consumer.assignment()):
+            _low, high = self._consumer.get_watermark_offsets(tp, cached=True)
+            if tp.offset < 0 or high < 0 or tp.offset >= high:
+                done.add(tp.partition)
+        return frozenset(done)
 
     def _audit_stores(self) -> None:
         """About once a second: is every store still what was written to it? (Redis can go back
@@ -409,6 +424,9 @@ class TransactionalLoop:
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         log.info("%s: assigned %s", self.stage.name, [p.partition for p in partitions])
+        # A new owner reads its input for a punctuation interval before it sweeps: a sweep
+        # needs to know how far behind each partition is.
+        self._next_punctuation = time.monotonic() + self._settings.punctuate_ms / 1000
         if self.stores is not None:
             before = self.stores.restored_records
             stores, owned = self.stores, [p.partition for p in partitions]

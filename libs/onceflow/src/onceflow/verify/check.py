@@ -32,7 +32,8 @@ from onceflow.acks import ACKS_TOPIC, EVENTS_TOPIC
 from onceflow.codec import decode_envelope
 from onceflow.config import CommonSettings
 from onceflow.kafka.inspect import (
-    TopicRecord, consumed_everything, hanging_transactions, partitions_of, read_committed, read_uncommitted,
+    TopicRecord, consumed_everything, end_offsets, hanging_transactions, latest_by_key, partitions_of, read_committed,
+    read_uncommitted,
 )
 from onceflow.redis_client import connect
 from onceflow.v1.acker_pb2 import AckerBatch, AckerMessage, TreeEvent
@@ -118,18 +119,30 @@ def _dead_letter_ids(records: Iterable[TopicRecord]) -> list[str]:
 
 
 def undrained(common: CommonSettings, job: str) -> list[str]:
-    """The consumers that have not yet read to the end of their input (empty: drained). The
-    sink's position is the offset Redis says it applied, not a Kafka commit."""
+    """What is still in flight (empty: drained). Drained means quiet, not only "read to the
+    end": every group has read its input to the end, the sink has applied the last result, the
+    acker holds no undecided tree (one could still time out and be replayed), no transaction is
+    open, and no pipeline topic grew while all that was being looked at. A replay written after
+    the gate's group was looked at would otherwise be judged half-written (CI once counted the
+    1,000 edges of a replay batch still in its transaction as aborted reads)."""
     from onceflow_sink.tables import ResultTables  # the key layout lives with its service
 
     prefix, topic = common.topic_prefix, common.topic
+    ends_before = _pipeline_ends(common)
+    open_txns = _open_transactions(ends_before)
+    if open_txns:
+        return [f"open transaction on {name} {parts}" for name, parts in open_txns.items()]
     groups = (
         ("onceflow-dedup", "ingest.records"), (f"onceflow-compute-{job}-map", "dedup.records"),
         (f"onceflow-compute-{job}-merge", "compute.partials"), ("onceflow-acker", ACKS_TOPIC),
+        ("onceflow-ingest-replayer", EVENTS_TOPIC),
     )
     behind = [f"{prefix}{group} on {name}" for group, name in groups if not consumed_everything(common, prefix + group, topic(name))]
     if behind:
         return behind
+    pending_trees = len(latest_by_key(read_committed(common, topic("acker.changelog"))))
+    if pending_trees:
+        return [f"acker: {pending_trees} trees undecided"]
     client = connect(common.redis_url)
     try:
         tables = ResultTables(client, prefix)
@@ -138,7 +151,23 @@ def undrained(common: CommonSettings, job: str) -> list[str]:
     finally:
         client.close()
     pending = read_committed(common, results, start={p: offset + 1 for p, offset in applied.items()})
-    return [f"sink: {len(pending)} results not applied"] if pending else []
+    if pending:
+        return [f"sink: {len(pending)} results not applied"]
+    grown = sorted(name for name, ends in _pipeline_ends(common).items() if ends != ends_before[name])
+    return [f"still being written: {', '.join(grown)}"] if grown else []
+
+
+def _pipeline_ends(common: CommonSettings) -> dict[str, dict[int, tuple[int, int]]]:
+    """topic -> partition -> (last stable offset, high watermark), for every pipeline topic."""
+    return {name: end_offsets(common, common.topic(name)) for name in PIPELINE_TOPICS}
+
+
+def _open_transactions(ends: dict[str, dict[int, tuple[int, int]]]) -> dict[str, list[int]]:
+    return {
+        name: stuck
+        for name, partitions in ends.items()
+        if (stuck := [p for p, (lso, hw) in sorted(partitions.items()) if lso < hw])
+    }
 
 
 def dedup_store_diff(common: CommonSettings) -> list[str]:
@@ -147,13 +176,8 @@ def dedup_store_diff(common: CommonSettings) -> list[str]:
 
     changelog = common.topic("dedup.changelog")
     truth: dict[int, dict[bytes, bytes]] = {p: {} for p in partitions_of(common, changelog)}
-    for record in read_committed(common, changelog):
-        if record.key is None:
-            continue
-        if record.value is None:
-            truth[record.partition].pop(record.key, None)
-        else:
-            truth[record.partition][record.key] = record.value
+    for (partition, key), value in latest_by_key(read_committed(common, changelog)).items():
+        truth[partition][key] = value
     client = connect(common.redis_url)
     try:
         wrong = []

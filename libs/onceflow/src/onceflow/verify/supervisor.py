@@ -9,9 +9,6 @@ it still owns them. It must find itself fenced and exit; it must never write."""
 from __future__ import annotations
 
 import logging
-import shutil
-import subprocess
-import sys
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -132,18 +129,13 @@ class Supervisor:
     def dump_stacks(self) -> list[Path]:
         """Every live service's thread stacks (py-spy, a dev dependency) next to its log: the
         evidence for a pipeline that would not drain, where it sits rather than guesses."""
-        py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
         written = []
-        for name, instance in self.instances.items():
-            if not instance.process.alive() or not Path(py_spy).exists():
+        for instance in self.instances.values():
+            stacks = instance.process.stack_dump()
+            if not stacks:
                 continue
             path = self.log_dir / f"{instance.process.log_path.stem}-stacks.txt"
-            try:
-                done = subprocess.run([py_spy, "dump", "--pid", str(instance.process.pid)], capture_output=True, text=True, timeout=60)
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                log.warning("py-spy dump of %s: %s", name, exc)
-                continue
-            path.write_text(done.stdout + done.stderr)
+            path.write_text(stacks)
             written.append(path)
         return written
 
