@@ -20,14 +20,19 @@ from pathlib import Path
 
 import threading
 
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from onceflow.config import repo_root
 from onceflow.process import free_port
+from onceflow.v1 import compute_pb2
 from onceflow_compute.jobs import load_job
-from tests.conftest import Pipeline
+from tests.conftest import Pipeline, eventually
 from tests.harness import checker
-from tests.test_compute import Input, produce, wait_consumed, worker
+from tests.test_compute import (
+    Input, check_exact, compute_admin, pandas_table, produce, usersum_inputs, wait_consumed, worker,
+)
 
 pytestmark = [pytest.mark.spark_cluster, pytest.mark.integration, pytest.mark.xdist_group("spark_cluster")]
 
@@ -70,6 +75,13 @@ job = Aggregation(
 '''
 
 
+def _free_base(count: int) -> int:
+    """A first port with ``count`` RPC and ``count`` web UI ports free above it."""
+    while not _ports_free(base := free_port(), count):
+        pass
+    return base
+
+
 def _ports_free(base: int, count: int) -> bool:
     import socket
 
@@ -93,8 +105,7 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]
     from onceflow.infra import spark
     from onceflow.infra.settings import InfraSettings
 
-    while not _ports_free(base := free_port(), 3):
-        pass
+    base = _free_base(3)
     home = tmp_path_factory.mktemp("spark-cluster")
     settings = InfraSettings(spark_cluster="standalone", spark_master_port=base, spark_workers=2)  # 1g each: an executor takes 1g
     daemons = spark.cluster(settings, home)
@@ -245,3 +256,46 @@ def test_a_streaming_worker_on_the_cluster_stays_exact_through_a_master_and_an_e
     assert {k: {"count": v["count"], "total": v["total"], "merchants": v["merchants"]} for k, v in table.items()} == _answer(rows)
     assert compute.alive()
     spark.up(120, spark_cluster.daemons)  # the master back for the next test
+
+
+def test_a_worker_whose_batches_no_executor_runs_turns_unhealthy_and_recovers_when_one_comes(
+    pipeline: Pipeline, tmp_path: Path,
+) -> None:
+    """A master with no worker: Spark waits forever for resources ("Initial job has not
+    accepted any resources"). The batch is cancelled at its timeout and fails as a whole: the
+    service is NOT_SERVING with the reason, commits nothing, and backs off. Once a worker
+    registers, the same records are processed exactly once."""
+    from onceflow.infra import spark
+    from onceflow.infra.settings import InfraSettings
+
+    settings = InfraSettings(spark_cluster="standalone", spark_master_port=_free_base(2), spark_workers=1)
+    master, lone_worker = spark.cluster(settings, tmp_path / "spark")
+    try:
+        spark.up(120, [master])
+        port = free_port()
+        inputs = usersum_inputs(1500, seed=3)
+        compute = worker(
+            pipeline, "usersum", "a", ONCEFLOW_COMPUTE_PORT=str(port), ONCEFLOW_COMPUTE_SPARK_MASTER=master.master_url,
+            ONCEFLOW_COMPUTE_SPARK_EXECUTOR_PYTHON=spark.executor_python(), ONCEFLOW_COMPUTE_BATCH_TIMEOUT_S="8",
+        ).start()
+        address = f"127.0.0.1:{port}"
+        compute.wait_healthy(address, timeout_s=180)
+        produce(pipeline, inputs)
+        admin = compute_admin(address)
+        stats = eventually(
+            lambda: (s := admin.Stats(compute_pb2.ComputeStatsRequest(), timeout=10)) and not s.healthy and s,
+            120, "the worker to report its batches stalled",
+        )
+        assert "did not finish a micro-batch within 8 s" in stats.last_error, stats.last_error
+        health = health_pb2_grpc.HealthStub(grpc.insecure_channel(address))
+        assert health.Check(health_pb2.HealthCheckRequest(), timeout=10).status == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert stats.records_in == 0 and stats.dead_letters == 0  # a stalled engine blames no record
+        assert not checker.read_committed(pipeline.common, pipeline.topic("compute.partials"), timeout_s=5)
+
+        spark.up(120, [master, lone_worker])
+        wait_consumed(pipeline, "usersum")
+        compute.wait_healthy(address, timeout_s=60)
+        check_exact(pipeline, "usersum", inputs, pandas_table("usersum", inputs))
+        assert compute.terminate() == 0, compute.log_tail()
+    finally:
+        spark.down([master, lone_worker])

@@ -36,7 +36,9 @@ def record(offset: int, t: int, partition: int = 0) -> Message:
 def run(gate: EventTimeGate, stores: dict[int, MemoryStore], records: list[Message]) -> tuple[list[str], Batch]:
     """One batch through the gate, committed: the kept record ids, and the batch."""
     batch = Batch(records, stores, "compute.dlq", "compute")  # type: ignore[arg-type]
-    kept, _late = gate.split(build_frame(records, SCHEMA), batch)
+    kept, _late, marks = gate.split(build_frame(records, SCHEMA), batch)
+    assert not [o for o in batch.outputs if o.topic.endswith("partials")]  # watermarks wait for the partials
+    gate.emit_watermarks(batch, marks)
     for partition, overlay in batch.overlays.items():
         stores[partition].apply(overlay.changes, None)
     return [e.record_id for e in kept.envelopes], batch

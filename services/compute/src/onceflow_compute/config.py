@@ -40,6 +40,10 @@ class ComputeSettings(BaseSettings):
     # used when present). Short-lived workers start faster with "-XX:TieredStopAtLevel=1
     # -XX:+UseSerialGC" (the fault tests use it); long-lived ones run faster without.
     spark_java_options: str = ""
+    # A micro-batch Spark has not finished by then is cancelled and fails as a whole: the
+    # service turns NOT_SERVING and retries with backoff, instead of waiting forever for
+    # executors that never come. Below the consumer's max.poll.interval.ms (300 s). 0: never.
+    batch_timeout_s: float = Field(default=120.0, ge=0, le=290)
     # The map hop's micro-batch: adaptive between these bounds (Spark costs ~0.1-0.2 s per
     # job in local mode, so big batches amortise it under load; small ones keep latency low).
     min_batch_records: int = Field(default=500, ge=1)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
+import uuid
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -28,6 +30,12 @@ BUCKET = "__bucket"
 SIDE = "__side"
 TIME = "__time"
 ROW = "__row"
+
+
+class EngineStalled(RuntimeError):
+    """A micro-batch the engine did not finish within its timeout, and cancelled: the cluster
+    cannot run it (no executor accepted it, or the master and executors are gone). No record
+    is to blame."""
 
 
 class Engine(Protocol):
@@ -59,12 +67,17 @@ class SparkEngine:
     """One long-lived SparkSession. Each batch: Arrow table -> DataFrame -> job -> Arrow."""
 
     name = "spark"
+    _batch_timeout_s = 0.0  # a SessionEngine (someone else's session) waits as Spark does
 
     def __init__(
         self, master: str, shuffle_partitions: int, driver_memory: str, app_name: str, java_options: str = "",
-        executor_python: str = "", ship: Sequence[str] = (),
+        executor_python: str = "", ship: Sequence[str] = (), batch_timeout_s: float = 0.0,
     ) -> None:
         from pyspark.sql import SparkSession
+
+        # 0: wait as long as Spark does (which, with no executor to run on, is forever).
+        self._batch_timeout_s = batch_timeout_s
+        self._cancelled: set[str] = set()
 
         # The Python the executors run. In local mode they are this machine's processes and
         # need this venv; on a cluster, the workers' own Python unless a setting names one.
@@ -105,6 +118,37 @@ class SparkEngine:
         # Arrow input is split into partitions of this many rows.
         self._rows_per_partition = int(session.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch") or 10_000)
 
+    def _collect(self, frame) -> pa.Table:  # noqa: ANN001 - a pyspark DataFrame
+        """The frame as Arrow, cancelled past the batch timeout (EngineStalled): a batch that
+        waits forever for executors would hold its partitions, unnoticed, with the service
+        reporting itself healthy."""
+        if not self._batch_timeout_s:
+            return frame.toArrow()
+        context = self.session.sparkContext
+        group = f"onceflow-batch-{uuid.uuid4().hex}"
+        context.setJobGroup(group, "onceflow micro-batch", interruptOnCancel=True)
+
+        def cancel() -> None:
+            self._cancelled.add(group)
+            context.cancelJobGroup(group)
+
+        timer = threading.Timer(self._batch_timeout_s, cancel)
+        timer.daemon = True
+        timer.start()
+        try:
+            return frame.toArrow()
+        except Exception as exc:
+            if group in self._cancelled:
+                raise EngineStalled(
+                    f"Spark did not finish a micro-batch within {self._batch_timeout_s:g} s and it was cancelled: "
+                    f"no executor accepted it, or the cluster lost them (is the master at "
+                    f"{context.master} up, with workers that have free cores and memory?)"
+                ) from exc
+            raise
+        finally:
+            timer.cancel()
+            self._cancelled.discard(group)
+
     def frame(self, table: pa.Table):  # noqa: ANN201 - a pyspark DataFrame
         return self.session.createDataFrame(table)
 
@@ -138,10 +182,10 @@ class SparkEngine:
         parts = [grouped.agg(*columns) for columns in (builtin, udfs) if columns]
         on = [KEY, BUCKET] if job.windowed else [KEY]
         result = parts[0] if len(parts) == 1 else parts[0].join(parts[1], on)
-        return result.select(*on, *partial_columns(job)).toArrow()
+        return self._collect(result.select(*on, *partial_columns(job)))
 
     def transform(self, job: Transform, table: pa.Table) -> pa.Table:
-        return job.transform(self.frame(table)).toArrow()
+        return self._collect(job.transform(self.frame(table)))
 
     def join_rows(self, job: Join, table: pa.Table) -> pa.Table:
         """Both sides' rows of one batch, as (SIDE, KEY, TIME, ROW). Rows without a join key or
@@ -165,7 +209,7 @@ class SparkEngine:
                     row.alias(ROW),
                 )
             )
-        return sides[0].unionByName(sides[1]).toArrow()
+        return self._collect(sides[0].unionByName(sides[1]))
 
     def close(self) -> None:
         self.session.stop()

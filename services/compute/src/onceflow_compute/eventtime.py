@@ -48,10 +48,11 @@ class EventTimeGate:
         value = batch.state(partition).get(self._state_key)
         return None if value is None else int(value)
 
-    def split(self, frame: Frame, batch: Batch) -> tuple[Frame, int]:
+    def split(self, frame: Frame, batch: Batch) -> tuple[Frame, int, dict[int, int]]:
         """The frame without its too-late records (dead-lettered to compute.late and acked) and
-        without records that have no event time (dead-lettered to compute.dlq); and how many
-        were too late."""
+        without records that have no event time (dead-lettered to compute.dlq); how many were
+        too late; and each input partition's new watermark, for ``emit_watermarks`` once the
+        batch's partials are out."""
         times = frame.table.column(self.job.time_column).to_pylist() if frame.table.num_rows else []
         newest: dict[int, int | None] = {}
         keep: list[bool] = []
@@ -80,12 +81,13 @@ class EventTimeGate:
                 continue
             keep.append(True)
             newest[partition] = time if before is None else max(before, time)
+        marks = {}
         for partition, time in newest.items():
             if time is not None:
                 batch.state(partition).put(self._state_key, str(time).encode())
-                self._emit_watermark(batch, partition, time - self.bound_ms)
+                marks[partition] = time - self.bound_ms
         if all(keep):
-            return frame, late
+            return frame, late, marks
         mask = pa.array(keep, pa.bool_())
         kept = Frame(
             pc.filter(frame.table, mask),
@@ -93,7 +95,14 @@ class EventTimeGate:
             [e for e, k in zip(frame.envelopes, keep, strict=True) if k],
             frame.rejected,
         )
-        return kept, late
+        return kept, late, marks
+
+    def emit_watermarks(self, batch: Batch, marks: dict[int, int]) -> None:
+        """After the batch's partials, never before: a watermark says nothing earlier follows
+        from its partition, and a merge batch may end between the two. Emitted first, the merge
+        could expire a window and then meet this batch's partial for it (dropped)."""
+        for partition, watermark in marks.items():
+            self._emit_watermark(batch, partition, watermark)
 
     def _emit_watermark(self, batch: Batch, partition: int, watermark: int) -> None:
         value = PartialAggregate(

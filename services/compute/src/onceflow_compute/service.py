@@ -40,6 +40,7 @@ def make_engine(settings: ComputeSettings, job_name: str) -> Engine:
         java_options=spark_cds.java_options(settings.spark_java_options),
         executor_python=settings.spark_executor_python,
         ship=[settings.job],
+        batch_timeout_s=settings.batch_timeout_s,
     )
 
 

@@ -29,7 +29,7 @@ from onceflow.v1.results_pb2 import ResultChange
 
 from onceflow_compute import stats
 from onceflow_compute.api import Aggregation, JSONValue, Join, Job, Transform, encode_json
-from onceflow_compute.engines import BUCKET, KEY, ROW, SIDE, TIME, Engine, partial_columns
+from onceflow_compute.engines import BUCKET, KEY, ROW, SIDE, TIME, Engine, EngineStalled, partial_columns
 from onceflow_compute.eventtime import EventTimeGate
 from onceflow_compute.frames import Frame, build_frame
 from onceflow_compute.dataflow.watermarks import WatermarkTracker
@@ -84,9 +84,9 @@ class MapStage:
             batch.dead_letter(record, reason)
             if envelope is not None:
                 batch.ack(envelope)  # dead-lettered is processed: the tree ends here
-        late = 0
+        late, marks = 0, {}
         if self.event_time is not None:
-            frame, late = self.event_time.split(frame, batch)
+            frame, late, marks = self.event_time.split(frame, batch)
         job_seconds: float | None = None
         emitted = 0
         if frame.table.num_rows:
@@ -104,6 +104,8 @@ class MapStage:
             for index, error in sorted(failed.items()):
                 batch.dead_letter(frame.records[index], f"job {self.job.name} failed on this record: {error}")
             emitted = self._emit(outputs, batch)
+        if self.event_time is not None:
+            self.event_time.emit_watermarks(batch, marks)
         for envelope in frame.envelopes:
             batch.ack(envelope)
         self._count_after_commit(batch, job_seconds, emitted, late)
@@ -151,6 +153,8 @@ class MapStage:
             if isinstance(self.job, Join):
                 return [self.engine.join_rows(self.job, table)], {}
             return [self.engine.transform(self.job, table)], {}
+        except EngineStalled as exc:
+            raise JobFailed(f"job {self.job.name}: {exc}") from exc  # the engine, not a record: no bisection
         except Exception as exc:  # noqa: BLE001 - the user's job may raise anything
             self._last_error = _describe(exc)
             if type(exc).__name__ == "AnalysisException":

@@ -72,8 +72,9 @@ class WindowedMergeStage(KeyedEventTimeMerge[WindowedAggregation]):
         encode_json(self.job.row(partial.key, values))  # a partial whose row cannot be built is poison
         engine = self._states[partition]
         if not engine.add(partial.key, partial.bucket_ms, values):
-            # The map hop let it through at its partition's watermark; this partition's watermark
-            # cannot be ahead of that, so this only happens if the windows changed underneath.
+            # The map hop let it through at its partition's watermark and sends that watermark
+            # after the batch's partials (EventTimeGate.emit_watermarks), so this partition's
+            # watermark cannot be ahead of it here: only if the windows changed underneath.
             log.warning("%s: partial for %r at %d arrived after its windows expired", self.name, partial.key, partial.bucket_ms)
 
     def _after_batch(self, batch: Batch, partition: int, reported: set[int]) -> int:

@@ -9,12 +9,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from confluent_kafka import KafkaException
-
 from onceflow import acks, faults, metrics
 from onceflow.config import CommonSettings
-from onceflow.txn.errors import FencedError, IndefiniteOutcome
-from onceflow.txn.producer import TransactionalProducer, open_producer
+from onceflow.txn.errors import FencedError
+from onceflow.txn.producer import TransactionalProducer, TxnOutcome, open_producer
 from onceflow.v1.acker_pb2 import RecordRef
 
 from onceflow_ingest.trees import InFlightTrees, Waiter
@@ -173,27 +171,21 @@ class GroupCommitter:
         error: Exception | None = None
         for attempt in range(1, _ABORT_RETRIES + 1):
             try:
-                self._transact(group)
-                error = None
-                break
+                result = self._producer.transact(lambda: self._write(group))
             except FencedError as exc:
                 error = self._after_fence(exc)
                 break
-            except IndefiniteOutcome as exc:
-                log.warning("commit outcome unknown (%s); recreating the producer", exc)
-                self._note_abort(str(exc))
-                self._producer.recreate()
-                error = OutcomeUnknown(f"commit outcome unknown: {exc}")
+            if result.committed:
+                self._count_commit(group)
+                error = None
                 break
-            except KafkaException as exc:
-                log.warning("transaction aborted (attempt %d): %s", attempt, exc)
-                self._note_abort(str(exc))
-                try:
-                    self._producer.abort()
-                except FencedError as fenced:
-                    error = self._after_fence(fenced)
-                    break
-                error = NotCommitted(f"transaction aborted: {exc}")
+            self._note_abort(str(result.error))
+            if result.outcome is TxnOutcome.UNKNOWN:
+                log.warning("commit outcome unknown (%s); the producer was recreated", result.error)
+                error = OutcomeUnknown(f"commit outcome unknown: {result.error}")
+                break
+            log.warning("transaction aborted (attempt %d): %s", attempt, result.error)
+            error = NotCommitted(f"transaction aborted: {result.error}")
         commit_id = self.stats.committed
         if error is not None and self._acking is not None:
             # Not committed, or unknown: either way no event is to be expected for certain.
@@ -210,9 +202,9 @@ class GroupCommitter:
             metrics.COMMIT_SECONDS.labels("ingest").observe(time.monotonic() - started)
             metrics.BATCH_RECORDS.labels("ingest").observe(count)
 
-    def _transact(self, group: list[Submission]) -> None:
+    def _write(self, group: list[Submission]) -> None:
+        """The body of one group commit's transaction."""
         producer = self._producer
-        producer.begin()
         faults.point("before_produce")
         records = [record for submission in group for record in submission.records]
         if self._acking is None:
@@ -221,12 +213,14 @@ class GroupCommitter:
         else:
             self._produce_with_inits(producer, records, self._acking)
         faults.point("after_produce")
-        producer.commit()
+
+    def _count_commit(self, group: list[Submission]) -> None:
         faults.point("after_commit")
+        records = sum(len(submission.records) for submission in group)
         self.stats.committed += 1
-        self.stats.records += len(records)
+        self.stats.records += records
         metrics.TRANSACTIONS.labels("ingest", "committed").inc()
-        metrics.RECORDS_OUT.labels("ingest").inc(len(records))
+        metrics.RECORDS_OUT.labels("ingest").inc(records)
 
     def _produce_with_inits(self, producer: TransactionalProducer, records: list[KafkaRecord], acking: Acking) -> None:
         """INIT names where its record lives (for replays), so the records are delivered first

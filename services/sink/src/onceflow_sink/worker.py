@@ -28,7 +28,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
 from onceflow import acks, faults, metrics
 from onceflow.codec import now_ms
@@ -36,11 +36,10 @@ from onceflow.config import CommonSettings, LoopSettings
 from onceflow.kafka import clients
 from onceflow.kafka.inspect import wait_partition_count
 from onceflow.state.store import StoreUnavailable
-from onceflow.txn.errors import FencedError, IndefiniteOutcome
-from onceflow.txn.errors import EXIT_FENCED, EXIT_OK, EXIT_RESTART, ConsumerStuck
+from onceflow.txn.errors import EXIT_FENCED, EXIT_OK, EXIT_RESTART, ConsumerStuck, FencedError
 from onceflow.txn.membership import watch_membership
 from onceflow.txn.offsets import committed_offsets
-from onceflow.txn.producer import TransactionalProducer, open_producer
+from onceflow.txn.producer import TransactionalProducer, TxnOutcome, open_producer
 from onceflow.v1.envelope_pb2 import DeadLetter
 from onceflow.v1.results_pb2 import ResultChange
 
@@ -312,8 +311,8 @@ class SinkWorker:
         (the partition is rewound to retry the batch)."""
         producer, consumer = self._producer, self._consumer
         assert producer is not None and consumer is not None
-        try:
-            producer.begin()
+
+        def write() -> None:
             for record, reason in letters:
                 letter = DeadLetter(
                     stage="sink", error_class="InvalidResultChange", message=reason, original=record.value() or b"",
@@ -322,19 +321,13 @@ class SinkWorker:
                 )
                 producer.produce(self._dlq, letter.SerializeToString(), key=record.key())
             producer.send_offsets([TopicPartition(self.topic, partition, last + 1)], consumer)
-            producer.commit()
-            self._count_transaction("committed")
-        except IndefiniteOutcome as exc:
-            self._count_transaction("aborted")
-            self._note(f"dead letters: outcome unknown ({exc}); recreating the producer")
-            producer.recreate()
-            self._rewind(partition, refresh_letters=True)
-            return False
-        except KafkaException as exc:
-            self._count_transaction("aborted")
-            self._note(f"dead letters: transaction aborted ({exc})")
-            producer.abort()
-            self._rewind(partition)
+
+        result = producer.transact(write)
+        self._count_transaction(result.outcome)
+        if not result.committed:
+            unknown = result.outcome is TxnOutcome.UNKNOWN
+            self._note(f"dead letters: {'outcome unknown, producer recreated' if unknown else 'transaction aborted'} ({result.error})")
+            self._rewind(partition, refresh_letters=unknown)
             return False
         faults.point("after_dead_letters")
         for record, reason in letters:
@@ -350,29 +343,26 @@ class SinkWorker:
         buffer = acks.AckBuffer(self._ack_partitions)
         for root_id, edge_id in edges:
             buffer.add(acks.ack(root_id, edge_id, (), "sink"))
-        try:
-            producer.begin()
-            for ack_partition, value in buffer.seal():
+        sealed = buffer.seal()
+
+        def write() -> None:
+            for ack_partition, value in sealed:
                 producer.produce(self._acks_topic, value, partition=ack_partition)
             producer.send_offsets([TopicPartition(self.topic, partition, last + 1)], consumer)
-            producer.commit()
-            self._count_transaction("committed")
-        except (IndefiniteOutcome, KafkaException) as exc:
-            self._count_transaction("aborted")
+
+        result = producer.transact(write)
+        self._count_transaction(result.outcome)
+        if not result.committed:
             # Safe to lose (module docstring): the trees time out and the gate drops the replays.
             self.stats.acks_lost += len(edges)
-            self._note(f"acks not sent ({exc}); their trees will time out and be replayed")
-            if isinstance(exc, IndefiniteOutcome):
-                producer.recreate()
-            else:
-                producer.abort()
+            self._note(f"acks not sent ({result.error}); their trees will time out and be replayed")
 
-    def _count_transaction(self, outcome: str) -> None:
-        if outcome == "committed":
+    def _count_transaction(self, outcome: TxnOutcome) -> None:
+        if outcome is TxnOutcome.COMMITTED:
             self.stats.transactions += 1
         else:
             self.stats.aborted += 1
-        metrics.TRANSACTIONS.labels("sink", outcome).inc()
+        metrics.TRANSACTIONS.labels("sink", "committed" if outcome is TxnOutcome.COMMITTED else "aborted").inc()
 
     def _note(self, message: str) -> None:
         self.stats.last_error = message

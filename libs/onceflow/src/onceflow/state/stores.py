@@ -147,6 +147,15 @@ class PartitionStores:
                 assignment.append(TopicPartition(self.changelog_topic, partition, offset))
             reader.assign(assignment)
             pending = set(targets)
+            # A read_committed EOF comes at the last stable offset, which any producer's open
+            # transaction holds back, also behind records that did commit: another job's on a
+            # shared changelog, a kill -9'd worker's until its transaction times out, or the
+            # previous owner's last commit whose markers are not written yet. The input offsets
+            # committed with those records are visible to this owner already, so stopping there
+            # would resume the input after state the store never saw (a q7 CI run lost 254 bids
+            # so). Read on until the stable end passes the high watermark seen at the first
+            # EOF: every transaction that could hold a write made before now has then ended.
+            ends: dict[int, int] = {}
             applied = 0
             progressed = time.monotonic()
             while pending:
@@ -167,7 +176,13 @@ class PartitionStores:
                     error = message.error()
                     if error is not None:
                         if error.code() == KafkaError._PARTITION_EOF:
-                            pending.discard(partition)
+                            if partition not in ends:  # the fetch's high watermark, not the stable end
+                                _low, high = reader.get_watermark_offsets(
+                                    TopicPartition(self.changelog_topic, partition), cached=True
+                                )
+                                ends[partition] = high
+                            if message.offset() >= ends[partition]:
+                                pending.discard(partition)
                             continue
                         raise RuntimeError(f"restore of {self.changelog_topic}[{partition}]: {error}")
                     changes.setdefault(partition, {})[message.key()] = message.value()

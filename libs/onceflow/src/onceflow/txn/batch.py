@@ -58,10 +58,7 @@ class Batch:
         self._overlays: dict[int, StateTransaction] = {}
         self._dlq_topic = dlq_topic
         self._stage = stage
-        # The owned input partitions this worker has read to the end of, as far as its consumer
-        # knows: set by the loop for a punctuation (a sweep may judge a lagging partition by
-        # how far it was read rather than by the clock).
-        self.caught_up: frozenset[int] = frozenset(self.owned_partitions)
+        self._caught_up: frozenset[int] | None = None
 
     def emit(
         self,
@@ -89,6 +86,17 @@ class Batch:
     @property
     def owned_partitions(self) -> list[int]:
         return [] if self._stores is None else self._stores.partitions
+
+    @property
+    def caught_up(self) -> frozenset[int]:
+        """The owned input partitions this worker has read to the end of, as far as its
+        consumer knows (the loop sets it for a punctuation; unset: all of them). A sweep may
+        judge a lagging partition by how far it was read rather than by the clock."""
+        return frozenset(self.owned_partitions) if self._caught_up is None else self._caught_up
+
+    @caught_up.setter
+    def caught_up(self, partitions: frozenset[int]) -> None:
+        self._caught_up = partitions
 
     @property
     def has_writes(self) -> bool:

@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
 from onceflow import acks, faults, metrics
 from onceflow.config import CommonSettings, LoopSettings
@@ -28,10 +28,10 @@ from onceflow.kafka.inspect import wait_partition_count
 from onceflow.state.store import KeyValueStore, MemoryStore, StoreDiverged, StoreUnavailable
 from onceflow.state.stores import PartitionStores
 from onceflow.txn.batch import Batch, Stage
-from onceflow.txn.errors import EXIT_FENCED, EXIT_OK, EXIT_RESTART, ConsumerStuck, FencedError, IndefiniteOutcome
+from onceflow.txn.errors import EXIT_FENCED, EXIT_OK, EXIT_RESTART, ConsumerStuck, FencedError
 from onceflow.txn.membership import watch_membership
 from onceflow.txn.offsets import committed_offsets
-from onceflow.txn.producer import TransactionalProducer, open_producer
+from onceflow.txn.producer import TransactionalProducer, TxnOutcome, open_producer
 
 log = logging.getLogger(__name__)
 
@@ -247,16 +247,13 @@ class TransactionalLoop:
             for callback in batch.after_commit:
                 callback()
             return
-        try:
-            changelog_offsets = self._commit_batch(batch, records)
-        except IndefiniteOutcome as exc:
-            self._note_failure(f"indefinite transaction outcome, producer recreated: {exc}")
-            self._producer.recreate()
-            self._resync()
-            return
-        except KafkaException as exc:
-            self._note_failure(f"transaction aborted: {exc}")
-            self._producer.abort()
+        changelog_offsets: dict[int, int] = {}
+        result = self._producer.transact(lambda: self._write_batch(batch, records, changelog_offsets))
+        if not result.committed:
+            if result.outcome is TxnOutcome.UNKNOWN:
+                self._note_failure(f"indefinite transaction outcome, producer recreated: {result.error}")
+            else:
+                self._note_failure(f"transaction aborted: {result.error}")
             self._resync()
             return
         faults.point("after_commit")
@@ -345,18 +342,17 @@ class TransactionalLoop:
         self._stop.wait(backoff)
         self._resync()
 
-    def _commit_batch(self, batch: Batch, records: list[Message]) -> dict[int, int]:
-        """One transaction; returns the last changelog offset written per partition."""
+    def _write_batch(self, batch: Batch, records: list[Message], changelog_offsets: dict[int, int]) -> None:
+        """The body of one transaction; fills ``changelog_offsets`` with the last changelog
+        offset written per partition (delivery reports, served by the commit)."""
         producer, consumer = self._producer, self._consumer
         assert producer is not None and consumer is not None
-        changelog_offsets: dict[int, int] = {}
 
         def track_changelog(err: KafkaError | None, msg: Message) -> None:
             if err is None:
                 changelog_offsets[msg.partition()] = max(changelog_offsets.get(msg.partition(), -1), msg.offset())
 
         sabotaged = bool(records) and faults.sabotaged("offsets_outside_txn")
-        producer.begin()
         if sabotaged:  # the checker's proof that it can fail: never do this
             consumer.commit(offsets=self._next_offsets(records), asynchronous=False)
         faults.point("before_produce")
@@ -369,8 +365,6 @@ class TransactionalLoop:
         faults.point("after_produce")
         if records and not sabotaged:
             producer.send_offsets(self._next_offsets(records), consumer)
-        producer.commit()
-        return changelog_offsets
 
     @staticmethod
     def _next_offsets(records: list[Message]) -> list[TopicPartition]:

@@ -8,19 +8,21 @@ bench`` compares exactly-once against).
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from onceflow.config import CommonSettings
 from onceflow.kafka import clients
-from onceflow.txn.errors import EXIT_RESTART, FencedError, IndefiniteOutcome, TxnErrorClass, classify
+from onceflow.txn.errors import EXIT_RESTART, FencedError, IndefiniteOutcome, TxnErrorClass, classify, kafka_error
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +35,27 @@ def _reraise(exc: BaseException) -> None:
 
 
 _HUNG_AFTER_S = 10.0
+T = TypeVar("T")
+
+
+class TxnOutcome(enum.Enum):
+    COMMITTED = "committed"
+    ABORTED = "aborted"  # nothing of it is visible; the producer is ready for the next one
+    UNKNOWN = "unknown"  # it may or may not have committed; the producer was recreated
+
+
+@dataclass(frozen=True)
+class Transacted(Generic[T]):
+    """What ``TransactionalProducer.transact`` did: the body's value once committed, else the
+    error that ended the transaction. Fenced is not an outcome: ``FencedError`` propagates."""
+
+    outcome: TxnOutcome
+    value: T | None = None
+    error: Exception | None = None
+
+    @property
+    def committed(self) -> bool:
+        return self.outcome is TxnOutcome.COMMITTED
 
 
 class CallWatchdog:
@@ -69,7 +92,7 @@ class CallWatchdog:
             now = time.monotonic()
             # Time the process ran, not time it was stopped: a SIGSTOPped instance (a zombie)
             # resumes inside its call, and must meet its fence there rather than exit here.
-            step, last = min(now - last, 2.0), now
+            step, last = min(now - last, 1.5), now
             if self._limit_s is None:
                 continue
             self._spent_s += step
@@ -121,6 +144,23 @@ class TransactionalProducer:
         the epoch and the coordinator settles the old transaction first."""
         self.recreated += 1
         self._producer = self._init()
+
+    def transact(self, body: Callable[[], T]) -> Transacted[T]:
+        """begin, ``body`` (produce, send offsets), commit: the one place that decides what a
+        failed transaction means. An abortable error aborts (ABORTED); an unknown outcome
+        recreates the producer, whose epoch bump settles the old transaction (UNKNOWN); a fence
+        raises FencedError. Callers only choose what to do next (retry, rewind, tell a client)."""
+        try:
+            self.begin()
+            value = body()
+            self.commit()
+        except IndefiniteOutcome as exc:
+            self.recreate()
+            return Transacted(TxnOutcome.UNKNOWN, error=exc)
+        except KafkaException as exc:
+            self.abort()
+            return Transacted(TxnOutcome.ABORTED, error=exc)
+        return Transacted(TxnOutcome.COMMITTED, value)
 
     def begin(self) -> None:
         self._call(self._producer.begin_transaction)
@@ -181,7 +221,11 @@ class TransactionalProducer:
 
     def _call(self, call: Callable[[], Any], retry: bool = False, indefinite_on_retriable: bool = False) -> Any:
         """Run one producer call, retrying retriable errors, and translate the rest:
-        FencedError (fatal), IndefiniteOutcome (unknown result) or KafkaException (abortable)."""
+        FencedError (fatal), IndefiniteOutcome (unknown result) or KafkaException (abortable).
+        ``indefinite_on_retriable`` marks the calls that end a transaction (commit, abort):
+        only their timeouts leave the outcome unknown. Any other call times out before EndTxn
+        is sent, so the transaction can still be aborted."""
+        resumed = False
         for attempt in range(1, _RETRIES + 1):
             try:
                 # Each call is bounded by its own timeout; 10 s past it means librdkafka hung (a
@@ -192,6 +236,18 @@ class TransactionalProducer:
                 kind = classify(exc)
                 if kind is TxnErrorClass.FATAL:
                     raise FencedError(str(exc)) from exc
+                err = kafka_error(exc)
+                timed_out = err is not None and err.code() == KafkaError._TIMED_OUT
+                if timed_out and retry and not resumed and err.retriable():  # type: ignore[union-attr]
+                    # librdkafka resumes a timed-out call when it is made again. A process that
+                    # was frozen mid-call (a zombie: SIGSTOP, a long pause) times out the moment
+                    # it resumes; asking again lets the broker say "fenced" before anything
+                    # would recreate the producer and, with it, fence its own replacement.
+                    resumed = True
+                    log.warning("timed out (%s); resuming the call once", exc)
+                    continue
+                if timed_out and not indefinite_on_retriable:
+                    raise  # abortable: no EndTxn was sent
                 if kind is TxnErrorClass.INDEFINITE:
                     raise IndefiniteOutcome(str(exc)) from exc
                 if kind is TxnErrorClass.RETRIABLE and retry and attempt < _RETRIES:
