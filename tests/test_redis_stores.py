@@ -138,3 +138,27 @@ def test_a_zombie_dedup_store_can_neither_write_nor_rebuild(client) -> None:
     with pytest.raises(FencedError):
         zombie.reset()
     assert owner.get(b"a") == b"1000" and len(owner) == 1
+
+
+def test_a_table_bigger_than_a_page_is_scanned_whole_with_the_cursor(client) -> None:
+    # A 30-minute verify campaign's table outgrew one Scan (10,000 rows): the checker read
+    # nothing and failed the run. Pages with a cursor return every row.
+    connection, prefix = client
+    tables = ResultTables(connection, prefix)
+    rows = {f"{i}": f'{{"n": {i}}}'.encode() for i in range(25_000)}
+    pipe = connection.pipeline(transaction=False)
+    for start in range(0, len(rows), 5_000):
+        pipe.hset(tables.table_key(JOB), mapping=dict(list(rows.items())[start : start + 5_000]))
+    pipe.execute()
+    seen: dict[str, bytes] = {}
+    pages, cursor = 0, 0
+    while True:
+        page, cursor = tables.scan(JOB, "", 10_000, cursor)
+        pages += 1
+        assert page == sorted(page) and (cursor == 0 or len(page) >= 10_000)
+        seen.update(page)
+        if cursor == 0:
+            break
+    assert seen == rows and pages >= 3
+    page, cursor = tables.scan(JOB, "2499", 10_000)  # a prefix: only its rows, in one page
+    assert cursor == 0 and [key for key, _ in page] == ["2499", *[f"2499{d}" for d in range(10)]]

@@ -1,6 +1,7 @@
-"""A Python client for ingest that retries the way onceflow expects: the same records, with
+"""Python clients. For ingest, one that retries the way onceflow expects: the same records, with
 the same record_ids, until ingest says they are committed. Retries can duplicate a record in
-ingest.records (a lost reply, an unknown commit outcome); the dedup gate drops the copies."""
+ingest.records (a lost reply, an unknown commit outcome); the dedup gate drops the copies. For
+the sink's Query service, a whole result table read page by page."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 import grpc
 
 from onceflow.admin.tls import ClientTLS, channel
-from onceflow.v1 import ingest_pb2, ingest_pb2_grpc
+from onceflow.v1 import ingest_pb2, ingest_pb2_grpc, sink_pb2, sink_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -75,3 +76,19 @@ def _retry_after_s(exc: grpc.RpcError) -> float:
         if key == "retry-after-ms":
             return int(value) / 1000
     return 0.0
+
+
+SCAN_PAGE = 10_000  # the Query service's most rows per Scan
+
+
+def scan_rows(stub: sink_pb2_grpc.QueryStub, job: str, prefix: str = "", timeout_s: float = 10.0) -> dict[str, bytes]:
+    """Every row of ``job``'s result table under ``prefix`` (key -> value), page by page with
+    the Scan cursor: a table of any size, each row once."""
+    rows: dict[str, bytes] = {}
+    cursor = 0
+    while True:
+        reply = stub.Scan(sink_pb2.ScanRowsRequest(job=job, prefix=prefix, limit=SCAN_PAGE, cursor=cursor), timeout=timeout_s)
+        rows.update((row.key, row.value) for row in reply.rows)
+        cursor = reply.next_cursor
+        if cursor == 0:
+            return rows

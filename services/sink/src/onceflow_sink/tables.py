@@ -156,14 +156,17 @@ class ResultTables:
     def get(self, job: str, key: str) -> bytes | None:
         return self._redis.hget(self.table_key(job), key)
 
-    def scan(self, job: str, prefix: str, limit: int) -> list[tuple[str, bytes]]:
-        rows = []
+    def scan(self, job: str, prefix: str, limit: int, cursor: int = 0) -> tuple[list[tuple[str, bytes]], int]:
+        """A page of at least ``limit`` rows (unless it is the last) from ``cursor``, and the
+        cursor to go on from (0: done). HSCAN steps are not cut: a row skipped past the cursor
+        would never be returned."""
+        rows: list[tuple[str, bytes]] = []
         pattern = _glob_escape(prefix) + "*"
-        for key, value in self._redis.hscan_iter(self.table_key(job), match=pattern, count=1000):
-            rows.append((key.decode(), value))
-            if len(rows) >= limit:
-                break
-        return sorted(rows)
+        while True:
+            cursor, found = self._redis.hscan(self.table_key(job), cursor=cursor, match=pattern, count=min(limit, 1000))
+            rows.extend((key.decode(), value) for key, value in found.items())
+            if cursor == 0 or len(rows) >= limit:
+                return sorted(rows), cursor
 
     def table(self, job: str) -> dict[bytes, bytes]:
         return self._redis.hgetall(self.table_key(job))

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from onceflow.admin.tls import channel
+from onceflow.client import scan_rows
 from onceflow.cli.options import TlsCa, TlsCert, TlsKey, client_tls
 from onceflow.v1 import sink_pb2, sink_pb2_grpc
 
@@ -65,22 +66,28 @@ def get(
 def scan(
     job: Annotated[str, typer.Argument(help="The job whose table to read.")],
     prefix: Annotated[str, typer.Option(help="Only keys starting with this.")] = "",
-    limit: Annotated[int, typer.Option(help="At most this many rows (<= 10000).")] = 100,
+    limit: Annotated[int, typer.Option(help="About this many rows (<= 10000): one page.")] = 100,
+    every: Annotated[bool, typer.Option("--all", help="Every row, page by page (limit is ignored).")] = False,
     address: Address = "127.0.0.1:50055",
     as_json: Json = False,
     tls_ca: TlsCa = "",
     tls_cert: TlsCert = "",
     tls_key: TlsKey = "",
 ) -> None:
-    """Rows in key order."""
-    request = sink_pb2.ScanRowsRequest(job=job, prefix=prefix, limit=limit)
-    reply = _stub_call(address, tls_ca, tls_cert, tls_key, lambda stub: stub.Scan(request, timeout=TIMEOUT_S))
+    """Rows in key order: one page, or with --all the whole table."""
+    if every:
+        found = _stub_call(address, tls_ca, tls_cert, tls_key, lambda stub: scan_rows(stub, job, prefix, TIMEOUT_S))
+        rows = sorted(found.items())
+    else:
+        request = sink_pb2.ScanRowsRequest(job=job, prefix=prefix, limit=limit)
+        reply = _stub_call(address, tls_ca, tls_cert, tls_key, lambda stub: stub.Scan(request, timeout=TIMEOUT_S))
+        rows = [(r.key, r.value) for r in reply.rows]
     if as_json:
-        typer.echo(json.dumps([{"key": r.key, "value": _text(r.value)} for r in reply.rows]))
+        typer.echo(json.dumps([{"key": key, "value": _text(value)} for key, value in rows]))
         return
-    table = Table(title=f"{job}: {len(reply.rows)} rows")
+    table = Table(title=f"{job}: {len(rows)} rows")
     table.add_column("key")
     table.add_column("value")
-    for row in reply.rows:
-        table.add_row(row.key, _text(row.value))
+    for key, value in rows:
+        table.add_row(key, _text(value))
     console.print(table)

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import grpc
 
-from onceflow.v1 import sink_pb2, sink_pb2_grpc
+from onceflow.client import scan_rows
+from onceflow.v1 import sink_pb2_grpc
 from onceflow.workloads import nexmark
 
 JOB = "auctionbids"
-_SCAN_LIMIT = 10_000
 
 
 def fold_answer(arrivals: Iterable[nexmark.Event]) -> dict[str, dict]:
@@ -46,14 +46,7 @@ def batch_answer(arrivals: Iterable[nexmark.Event]) -> dict[str, dict]:
 
 
 def sink_table(address: str, timeout_s: float = 10.0) -> dict[str, dict]:
-    """The job's whole result table as the sink serves it (auction ids are digits: one scan per
-    leading digit keeps each under the Query API's row limit)."""
-    rows: dict[str, dict] = {}
+    """The job's whole result table as the sink serves it, page by page."""
     with grpc.insecure_channel(address) as channel:
-        query = sink_pb2_grpc.QueryStub(channel)
-        for digit in "0123456789":
-            reply = query.Scan(sink_pb2.ScanRowsRequest(job=JOB, prefix=digit, limit=_SCAN_LIMIT), timeout=timeout_s)
-            if len(reply.rows) == _SCAN_LIMIT:
-                raise ValueError("too many auctions for one scan per digit: use fewer events")
-            rows |= {row.key: json.loads(row.value) for row in reply.rows}
-    return rows
+        rows = scan_rows(sink_pb2_grpc.QueryStub(channel), JOB, timeout_s=timeout_s)
+    return {key: json.loads(value) for key, value in rows.items()}

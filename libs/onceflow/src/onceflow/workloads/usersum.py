@@ -14,11 +14,11 @@ from pathlib import Path
 
 import grpc
 
-from onceflow.v1 import sink_pb2, sink_pb2_grpc
+from onceflow.client import scan_rows
+from onceflow.v1 import sink_pb2_grpc
 from onceflow.v1.ingest_pb2 import IngestRecord
 
 JOB = "usersum"
-_SCAN_LIMIT = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,11 +68,7 @@ def batch_answer(keyed: Iterable[KeyedRecord]) -> dict[str, dict]:
 
 
 def sink_table(address: str, timeout_s: float = 10.0) -> dict[str, dict]:
-    """The job's whole result table as the sink serves it (one scan: keys are ``u<k>``)."""
+    """The job's whole result table as the sink serves it, page by page."""
     with grpc.insecure_channel(address) as channel:
-        reply = sink_pb2_grpc.QueryStub(channel).Scan(
-            sink_pb2.ScanRowsRequest(job=JOB, prefix="u", limit=_SCAN_LIMIT), timeout=timeout_s
-        )
-    if len(reply.rows) == _SCAN_LIMIT:
-        raise ValueError(f"more than {_SCAN_LIMIT:,} users: use fewer")
-    return {row.key: json.loads(row.value) for row in reply.rows}
+        rows = scan_rows(sink_pb2_grpc.QueryStub(channel), JOB, prefix="u", timeout_s=timeout_s)
+    return {key: json.loads(value) for key, value in rows.items()}
