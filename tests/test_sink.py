@@ -185,6 +185,11 @@ def test_poison_is_dead_lettered_exactly_once_even_across_a_crash_before_the_app
         capture_output=True, text=True, timeout=30, check=True,
     )
     assert json.loads(cli.stdout) == {"found": True, "value": some_value.decode()}
+    cli = subprocess.run(
+        [sys.executable, "-m", "onceflow", "query", "scan", JOB, "--prefix", "row-1", "--limit", "5", "-a", address, "--json"],
+        capture_output=True, text=True, timeout=30, check=True,
+    )
+    assert len(json.loads(cli.stdout)) == 5
     assert proc.terminate() == 0, proc.log_tail()
 
 

@@ -81,14 +81,19 @@ def _retry_after_s(exc: grpc.RpcError) -> float:
 SCAN_PAGE = 10_000  # the Query service's most rows per Scan
 
 
-def scan_rows(stub: sink_pb2_grpc.QueryStub, job: str, prefix: str = "", timeout_s: float = 10.0) -> dict[str, bytes]:
-    """Every row of ``job``'s result table under ``prefix`` (key -> value), page by page with
-    the Scan cursor: a table of any size, each row once."""
+def scan_rows(
+    stub: sink_pb2_grpc.QueryStub, job: str, prefix: str = "", timeout_s: float = 10.0, most: int | None = None,
+) -> dict[str, bytes]:
+    """Every row of ``job``'s result table under ``prefix`` (key -> value), or the first
+    ``most`` found, page by page with the page token: a table of any size, each row once."""
     rows: dict[str, bytes] = {}
-    cursor = 0
-    while True:
-        reply = stub.Scan(sink_pb2.ScanRowsRequest(job=job, prefix=prefix, limit=SCAN_PAGE, cursor=cursor), timeout=timeout_s)
+    token = b""
+    while most is None or len(rows) < most:
+        limit = SCAN_PAGE if most is None else min(SCAN_PAGE, most - len(rows))
+        request = sink_pb2.ScanRowsRequest(job=job, prefix=prefix, limit=limit, page_token=token)
+        reply = stub.Scan(request, timeout=timeout_s)
         rows.update((row.key, row.value) for row in reply.rows)
-        cursor = reply.next_cursor
-        if cursor == 0:
-            return rows
+        token = reply.next_page_token
+        if not token:
+            break
+    return rows

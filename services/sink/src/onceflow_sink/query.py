@@ -26,6 +26,9 @@ class QueryServicer(sink_pb2_grpc.QueryServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "give job")
         if request.limit > MAX_SCAN:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"limit: {request.limit}, at most {MAX_SCAN}")
-        rows, next_cursor = self._tables.scan(request.job, request.prefix, request.limit or 100, request.cursor)
-        return sink_pb2.ScanRowsReply(rows=[sink_pb2.Row(key=k, value=v) for k, v in rows], next_cursor=next_cursor)
+        try:
+            rows, token = self._tables.scan(request.job, request.prefix, request.limit or 100, request.page_token)
+        except ValueError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"page_token: {exc}")
+        return sink_pb2.ScanRowsReply(rows=[sink_pb2.Row(key=k, value=v) for k, v in rows], next_page_token=token)
 

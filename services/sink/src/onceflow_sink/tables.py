@@ -25,10 +25,12 @@ from dataclasses import dataclass
 from enum import Enum
 
 import redis
+from google.protobuf.message import DecodeError
 
 from onceflow.state.redis_store import (
     RedisWatch, decode, expect, take_token, unavailable_on_error, wait_for_replicas,
 )
+from onceflow.v1.sink_pb2 import ScanPosition
 
 # KEYS: partition meta, table key prefix. ARGV: token, the offset expected in Redis ('' none;
 # '*' skips the check: the sabotaged build only), the new last offset ('' = only check), then
@@ -156,20 +158,41 @@ class ResultTables:
     def get(self, job: str, key: str) -> bytes | None:
         return self._redis.hget(self.table_key(job), key)
 
-    def scan(self, job: str, prefix: str, limit: int, cursor: int = 0) -> tuple[list[tuple[str, bytes]], int]:
-        """A page of at least ``limit`` rows (unless it is the last) from ``cursor``, and the
-        cursor to go on from (0: done). HSCAN steps are not cut: a row skipped past the cursor
-        would never be returned."""
+    def scan(self, job: str, prefix: str, limit: int, token: bytes = b"") -> tuple[list[tuple[str, bytes]], bytes]:
+        """At most ``limit`` rows under ``prefix`` from where ``token`` left off, and the token
+        to go on from (empty: done). Rows of an HSCAN step beyond the page go into the token as
+        keys, so nothing is skipped and no step is repeated; their values are read when due.
+        Raises ``ValueError`` for a token this method did not make."""
+        position = _position(token)
+        pending = list(position.pending_keys)
+        cursor, done = position.hscan_cursor, position.hscan_done
         rows: list[tuple[str, bytes]] = []
+        if pending:
+            due, pending = pending[:limit], pending[limit:]
+            values = self._redis.hmget(self.table_key(job), due)
+            rows.extend((key, value) for key, value in zip(due, values) if value is not None)
         pattern = _glob_escape(prefix) + "*"
-        while True:
-            cursor, found = self._redis.hscan(self.table_key(job), cursor=cursor, match=pattern, count=min(limit, 1000))
-            rows.extend((key.decode(), value) for key, value in found.items())
-            if cursor == 0 or len(rows) >= limit:
-                return sorted(rows), cursor
+        while not pending and not done and len(rows) < limit:
+            cursor, found = self._redis.hscan(self.table_key(job), cursor=cursor, match=pattern, count=limit)
+            done = cursor == 0
+            step = sorted((key.decode(), value) for key, value in found.items())
+            room = limit - len(rows)
+            rows.extend(step[:room])
+            pending = [key for key, _ in step[room:]]
+        if done and not pending:
+            return sorted(rows), b""
+        after = ScanPosition(hscan_cursor=cursor, hscan_done=done, pending_keys=pending)
+        return sorted(rows), after.SerializeToString()
 
     def table(self, job: str) -> dict[bytes, bytes]:
         return self._redis.hgetall(self.table_key(job))
+
+
+def _position(token: bytes) -> ScanPosition:
+    try:
+        return ScanPosition.FromString(token)
+    except DecodeError:
+        raise ValueError("not a page token this service gave") from None
 
 
 def _glob_escape(text: str) -> str:

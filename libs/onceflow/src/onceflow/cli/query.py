@@ -66,7 +66,7 @@ def get(
 def scan(
     job: Annotated[str, typer.Argument(help="The job whose table to read.")],
     prefix: Annotated[str, typer.Option(help="Only keys starting with this.")] = "",
-    limit: Annotated[int, typer.Option(help="About this many rows (<= 10000): one page.")] = 100,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many rows.")] = 100,
     every: Annotated[bool, typer.Option("--all", help="Every row, page by page (limit is ignored).")] = False,
     address: Address = "127.0.0.1:50055",
     as_json: Json = False,
@@ -74,14 +74,10 @@ def scan(
     tls_cert: TlsCert = "",
     tls_key: TlsKey = "",
 ) -> None:
-    """Rows in key order: one page, or with --all the whole table."""
-    if every:
-        found = _stub_call(address, tls_ca, tls_cert, tls_key, lambda stub: scan_rows(stub, job, prefix, TIMEOUT_S))
-        rows = sorted(found.items())
-    else:
-        request = sink_pb2.ScanRowsRequest(job=job, prefix=prefix, limit=limit)
-        reply = _stub_call(address, tls_ca, tls_cert, tls_key, lambda stub: stub.Scan(request, timeout=TIMEOUT_S))
-        rows = [(r.key, r.value) for r in reply.rows]
+    """Rows in key order: the first --limit found, or with --all the whole table."""
+    most = None if every else limit
+    found = _stub_call(address, tls_ca, tls_cert, tls_key, lambda stub: scan_rows(stub, job, prefix, TIMEOUT_S, most))
+    rows = sorted(found.items())
     if as_json:
         typer.echo(json.dumps([{"key": key, "value": _text(value)} for key, value in rows]))
         return
