@@ -228,6 +228,18 @@ def compute_admin(address: str) -> compute_pb2_grpc.ComputeAdminStub:
     return compute_pb2_grpc.ComputeAdminStub(grpc.insecure_channel(address))
 
 
+def wait_unhealthy(address: str, timeout_s: float, what: str) -> compute_pb2.ComputeStatsReply:
+    """The worker's Stats once it reports itself unhealthy; its health check must say NOT_SERVING too."""
+    admin = compute_admin(address)
+    stats = eventually(
+        lambda: (s := admin.Stats(compute_pb2.ComputeStatsRequest(), timeout=10)) and not s.healthy and s,
+        timeout_s, what,
+    )
+    health = health_pb2_grpc.HealthStub(grpc.insecure_channel(address))
+    assert health.Check(health_pb2.HealthCheckRequest(), timeout=10).status == health_pb2.HealthCheckResponse.NOT_SERVING
+    return stats
+
+
 def test_records_a_job_raises_on_are_dead_lettered_alone_and_admin_reports_the_job(pipeline: Pipeline) -> None:
     unlucky = {137}
     inputs = picky_inputs(300, unlucky)
@@ -285,15 +297,9 @@ def test_a_job_failing_on_whole_batches_backs_off_unhealthy_and_commits_nothing(
     address = f"127.0.0.1:{port}"
     proc.wait_healthy(address, timeout_s=60)
     produce(pipeline, inputs)
-    admin = compute_admin(address)
-    stats = eventually(
-        lambda: (s := admin.Stats(compute_pb2.ComputeStatsRequest(), timeout=10)) and not s.healthy and s,
-        60, "the worker to report the job unhealthy",
-    )
+    stats = wait_unhealthy(address, 60, "the worker to report the job unhealthy")
     assert "13 is an unlucky amount" in stats.last_error
     assert "failed on all" in stats.last_error or "could not be isolated within 64 engine runs" in stats.last_error
-    health = health_pb2_grpc.HealthStub(grpc.insecure_channel(address))
-    assert health.Check(health_pb2.HealthCheckRequest(), timeout=10).status == health_pb2.HealthCheckResponse.NOT_SERVING
     proc.wait_log("in a row); retrying from committed offsets in 2.0s", 60)  # the backoff doubles
     assert stats.records_in == 0
     assert not checker.read_committed(pipeline.common, pipeline.topic("compute.dlq"), timeout_s=5)

@@ -20,18 +20,15 @@ from pathlib import Path
 
 import threading
 
-import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from onceflow.config import repo_root
 from onceflow.process import free_port
-from onceflow.v1 import compute_pb2
 from onceflow_compute.jobs import load_job
 from tests.conftest import Pipeline, eventually
 from tests.harness import checker
 from tests.test_compute import (
-    Input, check_exact, compute_admin, pandas_table, produce, usersum_inputs, wait_consumed, worker,
+    Input, check_exact, pandas_table, produce, usersum_inputs, wait_consumed, wait_unhealthy, worker,
 )
 
 pytestmark = [pytest.mark.spark_cluster, pytest.mark.integration, pytest.mark.xdist_group("spark_cluster")]
@@ -281,14 +278,8 @@ def test_a_worker_whose_batches_no_executor_runs_turns_unhealthy_and_recovers_wh
         address = f"127.0.0.1:{port}"
         compute.wait_healthy(address, timeout_s=180)
         produce(pipeline, inputs)
-        admin = compute_admin(address)
-        stats = eventually(
-            lambda: (s := admin.Stats(compute_pb2.ComputeStatsRequest(), timeout=10)) and not s.healthy and s,
-            120, "the worker to report its batches stalled",
-        )
+        stats = wait_unhealthy(address, 120, "the worker to report its batches stalled")
         assert "did not finish a micro-batch within 8 s" in stats.last_error, stats.last_error
-        health = health_pb2_grpc.HealthStub(grpc.insecure_channel(address))
-        assert health.Check(health_pb2.HealthCheckRequest(), timeout=10).status == health_pb2.HealthCheckResponse.NOT_SERVING
         assert stats.records_in == 0 and stats.dead_letters == 0  # a stalled engine blames no record
         assert not checker.read_committed(pipeline.common, pipeline.topic("compute.partials"), timeout_s=5)
 
