@@ -24,11 +24,12 @@ import pytest
 
 from onceflow.config import repo_root
 from onceflow.process import free_port
+from onceflow.v1 import compute_pb2
 from onceflow_compute.jobs import load_job
 from tests.conftest import Pipeline, eventually
 from tests.harness import checker
 from tests.test_compute import (
-    Input, check_exact, pandas_table, produce, usersum_inputs, wait_consumed, wait_unhealthy, worker,
+    Input, check_exact, compute_admin, pandas_table, produce, usersum_inputs, wait_consumed, wait_unhealthy, worker,
 )
 
 pytestmark = [pytest.mark.spark_cluster, pytest.mark.integration, pytest.mark.xdist_group("spark_cluster")]
@@ -224,8 +225,7 @@ def test_a_streaming_worker_on_the_cluster_stays_exact_through_a_master_and_an_e
 
     job, pythonpath = user_job
     job = job.replace(".merchants", ".slow_merchants")  # busy executors: the kill lands mid-task
-    rows = [{"user": f"u{i % 40}", "merchant": f"m{i % 13}", "amount": i % 97} for i in range(8000)]
-    inputs = [Input(f"sc-{i}", row["user"].encode(), json.dumps(row).encode(), True) for i, row in enumerate(rows)]
+    rows, inputs = _user_rows(8000)
     compute = worker(pipeline, job, "a", PYTHONPATH=str(pythonpath), **spark_cluster.env).start()
     compute.wait_log("compute: assigned", 180)
     sender = threading.Thread(target=produce, args=(pipeline, inputs, 16, 1.0), daemon=True)
@@ -241,6 +241,18 @@ def test_a_streaming_worker_on_the_cluster_stays_exact_through_a_master_and_an_e
     compute.wait_log("Lost executor", 60)  # the driver saw it go mid-task; its tasks run again elsewhere
     sender.join(120)
     assert not sender.is_alive()
+    _check_exact(pipeline, job, pythonpath, rows)
+    assert compute.alive()
+    spark.up(120, spark_cluster.daemons)  # the master back for the next test
+
+
+def _user_rows(records: int) -> tuple[list[dict], list[Input]]:
+    rows = [{"user": f"u{i % 40}", "merchant": f"m{i % 13}", "amount": i % 97} for i in range(records)]
+    return rows, [Input(f"sc-{i}", row["user"].encode(), json.dumps(row).encode(), True) for i, row in enumerate(rows)]
+
+
+def _check_exact(pipeline: Pipeline, job: str, pythonpath: Path, rows: list[dict]) -> None:
+    """Once both hops read to the end: the result table equals a plain fold, no problems."""
     sys.path.insert(0, str(pythonpath))  # to read the job's name, as the worker does
     try:
         name = load_job(job).name
@@ -251,8 +263,56 @@ def test_a_streaming_worker_on_the_cluster_stays_exact_through_a_master_and_an_e
     assert not fold.problems, fold.problems[:10]
     table = {key: json.loads(row) for key, row in fold.table.items()}
     assert {k: {"count": v["count"], "total": v["total"], "merchants": v["merchants"]} for k, v in table.items()} == _answer(rows)
-    assert compute.alive()
-    spark.up(120, spark_cluster.daemons)  # the master back for the next test
+    assert not checker.read_committed(pipeline.common, pipeline.topic("compute.dlq"), timeout_s=5)
+
+
+@pytest.fixture
+def connect_server(tmp_path: Path) -> Iterator:
+    """A Spark Connect server of its own (port, home), its driver on local[1]."""
+    from onceflow.infra import spark
+
+    server = spark.ConnectServer(free_port(), "local[1]", "1g", tmp_path / "spark-connect")
+    try:
+        yield server.up(120)
+    finally:
+        server.stop()
+
+
+def test_a_streaming_worker_through_spark_connect_stays_exact_through_a_server_restart(
+    connect_server, user_job: tuple[str, Path], pipeline: Pipeline,  # noqa: ANN001 - a ConnectServer
+) -> None:
+    """Compute as a thin Spark Connect client (sc://): the user job shipped as an artifact, the
+    server killed with kill -9 under load (its driver, executors and the session go with it).
+    The worker turns NOT_SERVING with the reason, commits nothing meanwhile, opens a new
+    session (and ships again) once the server is back, and the table is exact."""
+    job, pythonpath = user_job
+    job = job.replace(".merchants", ".slow_merchants")
+    rows, inputs = _user_rows(6000)
+    port = free_port()
+    compute = worker(
+        pipeline, job, "a", PYTHONPATH=str(pythonpath), ONCEFLOW_COMPUTE_PORT=str(port),
+        ONCEFLOW_COMPUTE_SPARK_MASTER=connect_server.url, ONCEFLOW_COMPUTE_BATCH_TIMEOUT_S="60",
+    ).start()
+    address = f"127.0.0.1:{port}"
+    compute.wait_healthy(address, timeout_s=180)
+    assert "shipped" in compute.log_path.read_text()
+    sender = threading.Thread(target=produce, args=(pipeline, inputs, 16, 1.0), daemon=True)
+    sender.start()
+    admin = compute_admin(address)
+    stats = lambda: admin.Stats(compute_pb2.ComputeStatsRequest(), timeout=10)  # noqa: E731
+    eventually(lambda: stats().records_in > 0, 120, "a first batch through Spark Connect")
+    connect_server.kill9()
+    stats = wait_unhealthy(address, 90, "the worker to report Spark Connect unavailable")
+    assert "Spark Connect at" in stats.last_error and "unavailable" in stats.last_error, stats.last_error
+    assert stats.dead_letters == 0  # a lost server blames no record
+    connect_server.up(120)
+    sender.join(120)
+    assert not sender.is_alive()
+    _check_exact(pipeline, job, pythonpath, rows)
+    compute.wait_healthy(address, timeout_s=60)
+    assert compute.log_path.read_text().count("shipped") >= 2  # the new session got the job again
+    assert compute.terminate() == 0, compute.log_tail()
+
 
 
 def test_a_worker_whose_batches_no_executor_runs_turns_unhealthy_and_recovers_when_one_comes(

@@ -139,9 +139,7 @@ class SessionEngine(SparkEngine):
 def as_engine(session_or_engine: SparkSession | Engine) -> Engine:
     if hasattr(session_or_engine, "partials") and hasattr(session_or_engine, "transform"):
         return session_or_engine  # type: ignore[return-value]
-    from pyspark.sql import SparkSession
-
-    if isinstance(session_or_engine, SparkSession):
+    if hasattr(session_or_engine, "createDataFrame"):  # a classic or a Spark Connect session
         return SessionEngine(session_or_engine)
     raise TypeError(f"expected a SparkSession or an engine, got {type(session_or_engine).__name__}")
 

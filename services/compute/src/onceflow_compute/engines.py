@@ -12,11 +12,13 @@ import os
 import sys
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Protocol
 
 import pyarrow as pa
 
+from onceflow_compute import sessions
 from onceflow_compute.api import Aggregation, Combine, Join, Transform
 from onceflow_compute.dataflow.windows import time_grain
 from onceflow_compute.shipping import archive, shippable
@@ -63,60 +65,86 @@ def input_columns(job: Aggregation, table: pa.Table) -> list[str]:
     return [name for name in table.column_names if name in needed]
 
 
+class EngineUnavailable(EngineStalled):
+    """Spark is out of reach (a Spark Connect server that is down or restarted): the batch did
+    not run. The engine opens a new session on the next call."""
+
+
 class SparkEngine:
-    """One long-lived SparkSession. Each batch: Arrow table -> DataFrame -> job -> Arrow."""
+    """One long-lived SparkSession, classic or Spark Connect (sessions.py). Each batch: Arrow
+    table -> DataFrame -> job -> Arrow."""
 
     name = "spark"
     _batch_timeout_s = 0.0  # a SessionEngine (someone else's session) waits as Spark does
+    _master = ""
+    _ship: tuple[str, ...] = ()
 
     def __init__(
         self, master: str, shuffle_partitions: int, driver_memory: str, app_name: str, java_options: str = "",
         executor_python: str = "", ship: Sequence[str] = (), batch_timeout_s: float = 0.0,
     ) -> None:
-        from pyspark.sql import SparkSession
-
         # 0: wait as long as Spark does (which, with no executor to run on, is forever).
         self._batch_timeout_s = batch_timeout_s
         self._cancelled: set[str] = set()
-
+        self._master, self._ship = master, tuple(ship)
+        self._build = lambda: sessions.build_session(master, app_name, shuffle_partitions, driver_memory, java_options)
+        self.session = None
         # The Python the executors run. In local mode they are this machine's processes and
-        # need this venv; on a cluster, the workers' own Python unless a setting names one.
+        # need this venv; on a cluster, the workers' own Python unless a setting names one (a
+        # Connect server's executors: the server's setting).
         if executor_python:
             os.environ["PYSPARK_PYTHON"] = executor_python
         elif master.startswith("local"):
             os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        self.session = (
-            SparkSession.builder.master(master)
-            .appName(app_name)
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
-            .config("spark.default.parallelism", str(shuffle_partitions))
-            .config("spark.driver.memory", driver_memory)
-            # The driver JVM starts with the session (client mode), so this reaches it.
-            .config("spark.driver.extraJavaOptions", java_options)
-            .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-            .config("spark.sql.session.timeZone", "UTC")
-            # A micro-batch is a few MB. Under this threshold (48 MB by default) Arrow input
-            # becomes a driver-side LocalRelation that the optimizer walks row by row
-            # (ConvertToLocalRelation): 35-125 ms per 10k-row batch, measured.
-            .config("spark.sql.execution.arrow.localRelationThreshold", "0")
-            # Adaptive execution re-plans after each shuffle stage: pure overhead at this size.
-            .config("spark.sql.adaptive.enabled", "false")
-            .getOrCreate()
-        )
-        self._adopt(self.session)
-        self.session.sparkContext.setLogLevel("WARN")
-        for module in ship:
-            if (source := shippable(module)) is not None:
-                self.session.sparkContext.addPyFile(str(archive(source)))
-                log.info("shipped %s (for %s) to the executors", source.name, module)
-        log.info("Spark %s session on %s (%s shuffle partitions)", self.session.version, master, shuffle_partitions)
+        try:
+            self._open()
+        except EngineUnavailable as exc:
+            # A Connect server that is down now may be up by the first batch: start anyway,
+            # each batch tries again and the service reports itself unhealthy meanwhile.
+            log.warning("%s; the first batch tries again", exc)
+
+    def _open(self) -> None:
+        stale = self.session
+        if stale is not None:
+            sessions.drop(stale)
+        self.session = None
+        try:
+            session = self._build()
+            self._adopt(session)
+            self._flavour.quiet()
+            for module in self._ship:
+                if (source := shippable(module)) is not None:
+                    self._flavour.ship(archive(source))
+                    log.info("shipped %s (for %s) to the executors", source.name, module)
+        except Exception as exc:
+            if sessions.is_connect(self._master):
+                self.session = None
+                raise EngineUnavailable(f"Spark Connect at {self._master} is unavailable: {exc}") from exc
+            raise
+        log.info("Spark %s session on %s", session.version, self._master)
 
     def _adopt(self, session) -> None:  # noqa: ANN001 - a pyspark SparkSession
         self.session = session
+        self._flavour = sessions.flavour(session)
         # Arrow input is split into partitions of this many rows.
         self._rows_per_partition = int(session.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch") or 10_000)
+
+    @contextmanager
+    def _reaching(self) -> Iterator[None]:
+        """Around a batch: a session lost with its server is opened again first, and an error
+        that says Spark is out of reach becomes EngineUnavailable (no record is to blame)."""
+        if self.session is None:
+            self._open()
+        try:
+            yield
+        except EngineStalled:
+            raise
+        except Exception as exc:
+            if self._master and self._flavour.unavailable(exc):  # a session of our own, lost
+                sessions.drop(self.session)
+                self.session = None
+                raise EngineUnavailable(f"Spark Connect at {self._master} is unavailable: {exc}") from exc
+            raise
 
     def _collect(self, frame) -> pa.Table:  # noqa: ANN001 - a pyspark DataFrame
         """The frame as Arrow, cancelled past the batch timeout (EngineStalled): a batch that
@@ -124,13 +152,13 @@ class SparkEngine:
         reporting itself healthy."""
         if not self._batch_timeout_s:
             return frame.toArrow()
-        context = self.session.sparkContext
-        group = f"onceflow-batch-{uuid.uuid4().hex}"
-        context.setJobGroup(group, "onceflow micro-batch", interruptOnCancel=True)
+        flavour = self._flavour
+        tag = f"onceflow-batch-{uuid.uuid4().hex}"
+        flavour.tag(tag)
 
         def cancel() -> None:
-            self._cancelled.add(group)
-            context.cancelJobGroup(group)
+            self._cancelled.add(tag)
+            flavour.cancel(tag)
 
         timer = threading.Timer(self._batch_timeout_s, cancel)
         timer.daemon = True
@@ -138,21 +166,34 @@ class SparkEngine:
         try:
             return frame.toArrow()
         except Exception as exc:
-            if group in self._cancelled:
+            if tag in self._cancelled:
                 raise EngineStalled(
                     f"Spark did not finish a micro-batch within {self._batch_timeout_s:g} s and it was cancelled: "
                     f"no executor accepted it, or the cluster lost them (is the master at "
-                    f"{context.master} up, with workers that have free cores and memory?)"
+                    f"{self._master or 'its master'} up, with workers that have free cores and memory?)"
                 ) from exc
             raise
         finally:
             timer.cancel()
-            self._cancelled.discard(group)
+            self._cancelled.discard(tag)
+            flavour.untag(tag)
 
     def frame(self, table: pa.Table):  # noqa: ANN201 - a pyspark DataFrame
         return self.session.createDataFrame(table)
 
     def partials(self, job: Aggregation, table: pa.Table) -> pa.Table:
+        with self._reaching():
+            return self._partials(job, table)
+
+    def transform(self, job: Transform, table: pa.Table) -> pa.Table:
+        with self._reaching():
+            return self._collect(job.transform(self.frame(table)))
+
+    def join_rows(self, job: Join, table: pa.Table) -> pa.Table:
+        with self._reaching():
+            return self._join_rows(job, table)
+
+    def _partials(self, job: Aggregation, table: pa.Table) -> pa.Table:
         from pyspark.sql import functions as F
 
         if job.prepare is None:
@@ -184,10 +225,7 @@ class SparkEngine:
         result = parts[0] if len(parts) == 1 else parts[0].join(parts[1], on)
         return self._collect(result.select(*on, *partial_columns(job)))
 
-    def transform(self, job: Transform, table: pa.Table) -> pa.Table:
-        return self._collect(job.transform(self.frame(table)))
-
-    def join_rows(self, job: Join, table: pa.Table) -> pa.Table:
+    def _join_rows(self, job: Join, table: pa.Table) -> pa.Table:
         """Both sides' rows of one batch, as (SIDE, KEY, TIME, ROW). Rows without a join key or
         an event time join nothing and are left out (as SQL's inner join would)."""
         from pyspark.sql import functions as F
@@ -212,7 +250,8 @@ class SparkEngine:
         return self._collect(sides[0].unionByName(sides[1]))
 
     def close(self) -> None:
-        self.session.stop()
+        if self.session is not None:
+            self.session.stop()
 
 
 class PandasEngine:

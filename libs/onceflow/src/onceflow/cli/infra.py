@@ -37,6 +37,7 @@ class Component(enum.StrEnum):
 class SparkCluster(enum.StrEnum):
     none = "none"
     standalone = "standalone"
+    connect = "connect"
 
 
 class RedisTopology(enum.StrEnum):
@@ -92,7 +93,7 @@ def up(
     ] = None,
     spark_cluster: Annotated[
         SparkCluster | None,
-        typer.Option("--spark", help="none: compute runs Spark in-process (local[*]). standalone: also a Spark master and workers from the pyspark wheel. Default: ONCEFLOW_SPARK_CLUSTER or none."),
+        typer.Option("--spark", help="none: compute runs Spark in-process (local[*]). standalone: also a Spark master and workers from the pyspark wheel. connect: also a Spark Connect server. Default: ONCEFLOW_SPARK_CLUSTER or none."),
     ] = None,
 ) -> None:
     """Start Kafka and Redis (installing first if needed), create the topics, and a Spark cluster if asked."""
@@ -128,6 +129,8 @@ def up(
             f"ONCEFLOW_COMPUTE_SPARK_EXECUTOR_PYTHON={spark.executor_python()}",
             highlight=False,
         )
+    if InfraSettings().spark_cluster == "connect" and not os.environ.get("ONCEFLOW_COMPUTE_SPARK_MASTER", "").startswith("sc://"):
+        out.print(f"compute runs on it with ONCEFLOW_COMPUTE_SPARK_MASTER={spark.connect_server().url}", highlight=False)
     raise typer.Exit(0 if healthy else 1)
 
 
@@ -152,11 +155,12 @@ def logs(
     lines: Annotated[int, typer.Option("-n", "--lines", help="Lines to show.")] = 40,
     follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing new lines.")] = False,
 ) -> None:
-    """Show the broker's server.log and/or the Redis logs (primary, and replica and Sentinel if started)."""
+    """Show the brokers' server.log, the Redis logs (primary, and replica and Sentinel if started) and Spark's, if it runs."""
     paths = {
         Component.kafka: [node.log_path for node in kafka_cluster()],
         Component.redis: [server.log_path for server in redis_topology()],
-        Component.spark: [daemon.log_path for daemon in spark.cluster()] if spark.running() else [],
+        Component.spark: ([daemon.log_path for daemon in spark.cluster()] if spark.running() else [])
+        + ([spark.connect_server().log_path] if spark.connect_running() else []),
     }
     chosen = paths[component] if component else [path for group in paths.values() for path in group]
     if follow:

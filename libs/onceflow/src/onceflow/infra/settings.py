@@ -49,12 +49,17 @@ class InfraSettings(BaseSettings):
     # none: compute runs Spark in its own process (local[*]). standalone: `infra up` also starts
     # a Spark master and workers from the pyspark wheel (`onceflow infra up --spark standalone`);
     # compute then takes ONCEFLOW_COMPUTE_SPARK_MASTER=spark://127.0.0.1:<master port>.
-    spark_cluster: Literal["none", "standalone"] = "none"
+    # connect: a Spark Connect server (its driver on spark_connect_master); compute then takes
+    # ONCEFLOW_COMPUTE_SPARK_MASTER=sc://127.0.0.1:<spark_connect_port>.
+    spark_cluster: Literal["none", "standalone", "connect"] = "none"
     # The master's RPC port; workers take the next ports, web UIs the same plus 100.
     spark_master_port: int = 17077
     spark_workers: int = Field(default=2, ge=1, le=8)
     spark_worker_cores: int = Field(default=1, ge=1)
     spark_worker_memory: str = "1g"
+    spark_connect_port: int = 17002
+    spark_connect_master: str = "local[2]"
+    spark_connect_memory: str = "1g"
     # Seconds `up` waits for each component to answer.
     start_timeout_s: float = 90.0
 

@@ -1,6 +1,11 @@
-"""A local Spark standalone cluster from the pyspark wheel (no other download): one master and
-``spark_workers`` workers on 127.0.0.1, started through the wheel's ``bin/spark-class``, with
-their logs, work directories and pid files under ``$ONCEFLOW_HOME/spark-cluster``.
+"""Spark from the pyspark wheel (no other download), on 127.0.0.1, started through the wheel's
+``bin/spark-class``:
+
+- a standalone cluster: one master and ``spark_workers`` workers, with their logs, work
+  directories and pid files under ``$ONCEFLOW_HOME/spark-cluster``;
+- a Spark Connect server (``ConnectServer``): a driver of its own, on ``spark_connect_master``,
+  that compute reaches as ``sc://127.0.0.1:<spark_connect_port>``; under
+  ``$ONCEFLOW_HOME/spark-connect``.
 
 The executors run the Python the driver names (ONCEFLOW_COMPUTE_SPARK_EXECUTOR_PYTHON; this
 venv's is ``executor_python()``) with no PYTHONPATH of ours: a job module reaches them only if
@@ -13,6 +18,7 @@ import sys
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from onceflow.infra import _proc
 from onceflow.infra._proc import InfraError
@@ -21,6 +27,8 @@ from onceflow.infra.settings import InfraSettings
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
+SUBMIT_CLASS = "org.apache.spark.deploy.SparkSubmit"
+CONNECT_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 
 
 def executor_python() -> str:
@@ -93,13 +101,12 @@ class SparkDaemon:
         ]
 
     def environment(self) -> dict[str, str]:
-        env = {
+        return {
             "SPARK_HOME": str(spark_home()),
             "SPARK_LOG_DIR": str(self.dir),
             "SPARK_DAEMON_MEMORY": "256m",
             "SPARK_LOCAL_IP": "127.0.0.1",
         }
-        return env
 
     @property
     def marker(self) -> str:
@@ -110,24 +117,44 @@ class SparkDaemon:
         return _proc.read_pid(self.pid_file, self.marker)
 
     def start(self) -> int | None:
-        """Spawn if not running; the pid, or None if it already ran."""
-        if self.pid() is not None:
-            return None
-        self.dir.mkdir(parents=True, exist_ok=True)
-        env_prefix = ["env", "-u", "PYTHONPATH", *(f"{k}={v}" for k, v in self.environment().items())]
-        pid = _proc.spawn_detached([*env_prefix, *self.command()], self.log_path)
-        self.pid_file.write_text(str(pid))
-        return pid
+        return _start(self)
 
     def stop(self, timeout: float = 20.0) -> bool:
         return _proc.stop_recorded(self.pid_file, self.marker, timeout)
 
     def kill9(self) -> int | None:
-        pid = self.pid()
-        if pid is not None:
-            _proc.kill_pid(pid)
-            self.pid_file.unlink(missing_ok=True)
-        return pid
+        return _kill9(self)
+
+
+class _Daemon(Protocol):
+    dir: Path
+    log_path: Path
+    pid_file: Path
+
+    def pid(self) -> int | None: ...
+
+    def command(self) -> list[str]: ...
+
+    def environment(self) -> dict[str, str]: ...
+
+
+def _start(daemon: _Daemon) -> int | None:
+    """Spawn if not running, with no PYTHONPATH of ours; the pid, or None if it already ran."""
+    if daemon.pid() is not None:
+        return None
+    daemon.dir.mkdir(parents=True, exist_ok=True)
+    env_prefix = ["env", "-u", "PYTHONPATH", *(f"{k}={v}" for k, v in daemon.environment().items())]
+    pid = _proc.spawn_detached([*env_prefix, *daemon.command()], daemon.log_path)
+    daemon.pid_file.write_text(str(pid))
+    return pid
+
+
+def _kill9(daemon: _Daemon) -> int | None:
+    pid = daemon.pid()
+    if pid is not None:
+        _proc.kill_pid(pid)
+        daemon.pid_file.unlink(missing_ok=True)
+    return pid
 
 
 def cluster(settings: InfraSettings | None = None, home: Path | None = None) -> list[SparkDaemon]:
@@ -201,3 +228,86 @@ def healthy(daemon: SparkDaemon, master: SparkDaemon) -> bool:
 def running() -> bool:
     """True if this home's master runs: `infra status` then shows the cluster."""
     return cluster()[0].pid() is not None
+
+
+@dataclass(frozen=True)
+class ConnectServer:
+    """A Spark Connect server: the driver (on ``master``, ``local[N]`` or a standalone
+    cluster's URL) lives here, and compute workers are its gRPC clients. Its executors run this
+    venv's Python, which has onceflow-compute; a user's job package is shipped by the client
+    (``addArtifacts``)."""
+
+    port: int
+    master: str
+    driver_memory: str
+    home: Path
+    name: str = "spark-connect"
+
+    @property
+    def url(self) -> str:
+        return f"sc://127.0.0.1:{self.port}"
+
+    @property
+    def dir(self) -> Path:
+        return self.home
+
+    @property
+    def log_path(self) -> Path:
+        return self.dir / f"{self.name}.log"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.dir / f"{self.name}.pid"
+
+    @property
+    def marker(self) -> str:
+        return f"spark.connect.grpc.binding.port={self.port}"
+
+    def command(self) -> list[str]:
+        return [
+            str(spark_home() / "bin" / "spark-class"), SUBMIT_CLASS, "--class", CONNECT_CLASS,
+            "--name", "onceflow-spark-connect", "--master", self.master, "--driver-memory", self.driver_memory,
+            "--conf", "spark.connect.grpc.binding.address=127.0.0.1", "--conf", self.marker,
+            "--conf", "spark.ui.enabled=false", "--conf", f"spark.pyspark.python={executor_python()}",
+            "spark-internal",
+        ]
+
+    def environment(self) -> dict[str, str]:
+        return {
+            "SPARK_HOME": str(spark_home()),
+            "SPARK_LOG_DIR": str(self.dir),
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "PYSPARK_PYTHON": executor_python(),
+        }
+
+    def pid(self) -> int | None:
+        return _proc.read_pid(self.pid_file, self.marker)
+
+    def start(self) -> int | None:
+        return _start(self)
+
+    def stop(self, timeout: float = 20.0) -> bool:
+        return _proc.stop_recorded(self.pid_file, self.marker, timeout)
+
+    def kill9(self) -> int | None:
+        return _kill9(self)
+
+    def answers(self) -> bool:
+        return _proc.port_open(self.port)
+
+    def up(self, timeout: float) -> ConnectServer:
+        with _proc.file_lock(self.home / ".lock"):
+            self.start()
+            if not _proc.wait_until(self.answers, timeout, 0.5):
+                raise InfraError(f"the Spark Connect server did not answer on {self.port} in {timeout:.0f}s; see {self.log_path}")
+        return self
+
+
+def connect_server(settings: InfraSettings | None = None, home: Path | None = None) -> ConnectServer:
+    s = settings or InfraSettings()
+    home = home or runtime_dir() / "spark-connect"
+    return ConnectServer(s.spark_connect_port, s.spark_connect_master, s.spark_connect_memory, home)
+
+
+def connect_running() -> bool:
+    return connect_server().pid() is not None

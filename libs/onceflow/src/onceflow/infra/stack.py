@@ -48,6 +48,8 @@ def up(timeout: float | None = None, create_topics: bool = True) -> list[Compone
         ensure_topics(bootstrap, CommonSettings().topic_prefix)
     if InfraSettings().spark_cluster == "standalone":
         spark.up(timeout)
+    elif InfraSettings().spark_cluster == "connect":
+        spark.connect_server().up(timeout)
     return status(brokers)
 
 
@@ -62,7 +64,8 @@ def down() -> list[str]:
     for server in reversed(redis_topology(InfraSettings(redis_topology="sentinel"))):
         if server.stop():
             stopped.append(_redis_name(server))
-    return stopped + spark.down()
+    connect = spark.connect_server()
+    return stopped + spark.down() + ([connect.name] if connect.stop() else [])
 
 
 def status(brokers: list[KafkaBroker] | None = None) -> list[ComponentStatus]:
@@ -74,7 +77,21 @@ def status(brokers: list[KafkaBroker] | None = None) -> list[ComponentStatus]:
     rows = [*kafka, *(_redis_status(server, common) for server in redis_topology())]
     if InfraSettings().spark_cluster == "standalone" or spark.running():
         rows += _spark_status()
+    if InfraSettings().spark_cluster == "connect" or spark.connect_running():
+        rows.append(_connect_status(spark.connect_server()))
     return rows
+
+
+def _connect_status(server: spark.ConnectServer) -> ComponentStatus:
+    pid = server.pid()
+    healthy = pid is not None and server.answers()
+    if healthy:
+        detail = f"Spark Connect, driver on {server.master}"
+    elif pid is not None:
+        detail = f"running but not answering; see {display_path(server.log_path)}"
+    else:
+        detail = "stopped"
+    return ComponentStatus(server.name, healthy, server.url, pid, detail)
 
 
 def _spark_status() -> list[ComponentStatus]:
