@@ -11,7 +11,7 @@ ONCEFLOW := .venv/bin/onceflow
 PROTOS := $(wildcard proto/onceflow/v1/*.proto)
 GEN_STAMP := libs/onceflow/src/onceflow/v1/.generated
 
-.PHONY: setup venv proto kafka-jars spark-cds redis compose-schema demo test test-cluster test-fast infra-up infra-down bench soak soak-cluster clean
+.PHONY: setup venv proto kafka-jars spark-cds redis compose-schema demo test test-cluster test-fast infra-up infra-down bench soak soak-cluster soak-spark clean
 
 setup: venv proto kafka-jars spark-cds redis
 
@@ -81,6 +81,9 @@ soak: setup
 soak-cluster: setup
 	$(ONCEFLOW) verify --brokers 3 --duration 30m --json > .onceflow/verify-soak-cluster.json
 
+soak-spark: setup
+	$(ONCEFLOW) verify --spark standalone --duration 30m --json > .onceflow/verify-soak-spark.json
+
 # `onceflow bench` first: the pipeline in both guarantees and its hops against the peers
 # (bench/peers/quix sets up its own venv); then each service against its own baseline.
 bench: setup
@@ -90,6 +93,7 @@ bench: setup
 	$(PY) bench/dedup_throughput.py
 	$(PY) bench/sink_apply.py
 	$(PY) bench/compute_throughput.py
+	$(PY) bench/spark_cluster.py
 	$(PY) bench/nexmark.py
 
 clean:

@@ -188,33 +188,6 @@ def test_a_user_job_with_its_own_combiner_runs_on_the_cluster_only_because_it_is
     assert "JOBFAILED" in control.stdout and "No module named" in control.stdout, control.stdout[-3000:] + control.stderr[-3000:]
 
 
-def _executor_pids(home: str) -> list[int]:
-    done = subprocess.run(["pgrep", "-f", "CoarseGrainedExecutorBackend"], capture_output=True, text=True)
-    pids = []
-    for pid in map(int, done.stdout.split()):
-        try:
-            if home in Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ") or home in os.readlink(f"/proc/{pid}/cwd"):
-                pids.append(pid)
-        except OSError:
-            continue
-    return pids
-
-
-def _busy_executors(home: str) -> list[int]:
-    """Executors of this cluster with a Python daemon (pyspark.daemon) under them."""
-    executors = set(_executor_pids(home))
-    done = subprocess.run(["pgrep", "-f", "pyspark.daemon"], capture_output=True, text=True)
-    busy = []
-    for pid in map(int, done.stdout.split()):
-        try:
-            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        if parent in executors:
-            busy.append(parent)
-    return busy
-
-
 def test_a_streaming_worker_on_the_cluster_stays_exact_through_a_master_and_an_executor_kill(
     spark_cluster: Cluster, user_job: tuple[str, Path], pipeline: Pipeline,
 ) -> None:
@@ -234,7 +207,7 @@ def test_a_streaming_worker_on_the_cluster_stays_exact_through_a_master_and_an_e
     time.sleep(4.0)
     spark_cluster.daemons[0].kill9()  # the master
     deadline = time.monotonic() + 60
-    while not (busy := _busy_executors(spark_cluster.home)) and time.monotonic() < deadline:
+    while not (busy := spark.busy_executors(Path(spark_cluster.home))) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert busy, "no executor ran a task after the master was killed"
     os.kill(busy[0], signal.SIGKILL)
@@ -245,6 +218,38 @@ def test_a_streaming_worker_on_the_cluster_stays_exact_through_a_master_and_an_e
     assert compute.alive()
     spark.up(120, spark_cluster.daemons)  # the master back for the next test
 
+
+
+def test_two_workers_share_the_cluster_and_stay_exact_through_rebalances(
+    spark_cluster: Cluster, user_job: tuple[str, Path], pipeline: Pipeline,
+) -> None:
+    """Two compute workers of one job, each its own Spark application on the one cluster (one
+    core each, spark.cores.max: the first would otherwise take every core and the second wait
+    for ever). b joins mid-stream, a is killed with kill -9 and comes back, b leaves: three
+    rebalances, and the table is exact."""
+    from onceflow.infra import spark
+
+    job, pythonpath = user_job
+    rows, inputs = _user_rows(6000)
+    env = {**spark_cluster.env, "PYTHONPATH": str(pythonpath), "ONCEFLOW_COMPUTE_SPARK_CONF": '{"spark.cores.max": "1"}'}
+    master = spark_cluster.daemons[0]
+    sender = threading.Thread(target=produce, args=(pipeline, inputs, 20, 1.0), daemon=True)
+    workers = {"a": worker(pipeline, job, "a", **env).start()}
+    workers["a"].wait_log("compute: assigned", 180)
+    sender.start()
+    workers["b"] = worker(pipeline, job, "b", **env).start()  # joins: a hands over half its partitions
+    workers["b"].wait_log("compute: assigned", 180)
+    eventually(lambda: len((spark.master_state(master) or {}).get("activeapps", [])) == 2, 120,
+               "both workers running as applications on the cluster")
+    time.sleep(3.0)
+    workers["a"].kill9()  # b takes every partition
+    workers["a"] = worker(pipeline, job, "a", **env).start()  # and hands half back
+    workers["a"].wait_log("compute: assigned", 180)
+    sender.join(120)
+    assert not sender.is_alive()
+    assert workers["b"].terminate() == 0, workers["b"].log_tail()  # a takes them all, restoring b's state
+    _check_exact(pipeline, job, pythonpath, rows)
+    assert workers["a"].alive()
 
 def _user_rows(records: int) -> tuple[list[dict], list[Input]]:
     rows = [{"user": f"u{i % 40}", "merchant": f"m{i % 13}", "amount": i % 97} for i in range(records)]

@@ -121,6 +121,7 @@ def spark_engine(
         app_name=app_name,
         java_options=spark_cds.java_options(settings.spark_java_options),
         executor_python=settings.spark_executor_python,
+        conf=settings.spark_conf,
         ship=ship,
     )
 

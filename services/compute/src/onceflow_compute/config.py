@@ -36,6 +36,10 @@ class ComputeSettings(BaseSettings):
     # The Python Spark's executors run. Empty: in local mode this venv's; on a cluster
     # (spark://...) what Spark picks (PYSPARK_PYTHON, else python3 on the workers).
     spark_executor_python: str = ""
+    # Any other Spark settings, as JSON ({"spark.cores.max": "1"}): on a shared standalone
+    # cluster each worker is one application, and without spark.cores.max the first takes every
+    # core and the next waits for ever. Through Spark Connect only runtime (SQL) settings apply.
+    spark_conf: dict[str, str] = Field(default_factory=dict)
     # More JVM options for the Spark driver (the AppCDS archive `make setup` builds is always
     # used when present). Short-lived workers start faster with "-XX:TieredStopAtLevel=1
     # -XX:+UseSerialGC" (the fault tests use it); long-lived ones run faster without.

@@ -12,7 +12,7 @@ import os
 import sys
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Protocol
 
@@ -82,12 +82,15 @@ class SparkEngine:
     def __init__(
         self, master: str, shuffle_partitions: int, driver_memory: str, app_name: str, java_options: str = "",
         executor_python: str = "", ship: Sequence[str] = (), batch_timeout_s: float = 0.0,
+        conf: Mapping[str, str] | None = None,
     ) -> None:
         # 0: wait as long as Spark does (which, with no executor to run on, is forever).
         self._batch_timeout_s = batch_timeout_s
         self._cancelled: set[str] = set()
         self._master, self._ship = master, tuple(ship)
-        self._build = lambda: sessions.build_session(master, app_name, shuffle_partitions, driver_memory, java_options)
+        self._build = lambda: sessions.build_session(
+            master, app_name, shuffle_partitions, driver_memory, java_options, conf or {}
+        )
         self.session = None
         # The Python the executors run. In local mode they are this machine's processes and
         # need this venv; on a cluster, the workers' own Python unless a setting names one (a
@@ -119,7 +122,7 @@ class SparkEngine:
         except Exception as exc:
             if sessions.is_connect(self._master):
                 self.session = None
-                raise EngineUnavailable(f"Spark Connect at {self._master} is unavailable: {exc}") from exc
+                raise self._unavailable(exc) from exc
             raise
         log.info("Spark %s session on %s", session.version, self._master)
 
@@ -143,8 +146,12 @@ class SparkEngine:
             if self._master and self._flavour.unavailable(exc):  # a session of our own, lost
                 sessions.drop(self.session)
                 self.session = None
-                raise EngineUnavailable(f"Spark Connect at {self._master} is unavailable: {exc}") from exc
+                raise self._unavailable(exc) from exc
             raise
+
+    def _unavailable(self, exc: Exception) -> EngineUnavailable:
+        kind = "Spark Connect" if sessions.is_connect(self._master) else "Spark"
+        return EngineUnavailable(f"{kind} at {self._master} is unavailable (a new session is opened for the next batch): {exc}")
 
     def _collect(self, frame) -> pa.Table:  # noqa: ANN001 - a pyspark DataFrame
         """The frame as Arrow, cancelled past the batch timeout (EngineStalled): a batch that

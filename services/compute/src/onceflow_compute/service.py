@@ -39,6 +39,7 @@ def make_engine(settings: ComputeSettings, job_name: str) -> Engine:
         app_name=f"onceflow-compute-{job_name}-{settings.instance}",
         java_options=spark_cds.java_options(settings.spark_java_options),
         executor_python=settings.spark_executor_python,
+        conf=settings.spark_conf,
         ship=[settings.job],
         batch_timeout_s=settings.batch_timeout_s,
     )

@@ -7,6 +7,7 @@ telling a lost server from a failing job."""
 from __future__ import annotations
 
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -35,12 +36,16 @@ class ConnectServerDown(ConnectionError):
     """Nothing listens at the Connect URL's address."""
 
 
-def build_session(master: str, app_name: str, shuffle_partitions: int, driver_memory: str, java_options: str) -> Any:
+def build_session(
+    master: str, app_name: str, shuffle_partitions: int, driver_memory: str, java_options: str,
+    conf: Mapping[str, str] | None = None,
+) -> Any:
     """A new session on ``master``. Static settings (the driver's memory and JVM options, the
-    UI) reach only a driver this process starts; a Connect server has its own."""
+    UI) reach only a driver this process starts; a Connect server has its own. ``conf`` (the
+    user's) goes last, so it wins."""
     from pyspark.sql import SparkSession
 
-    sql = {**SQL_SETTINGS, "spark.sql.shuffle.partitions": str(shuffle_partitions)}
+    sql = {**SQL_SETTINGS, "spark.sql.shuffle.partitions": str(shuffle_partitions), **(conf or {})}
     if is_connect(master):
         _probe(master)  # fail at once, not after the client's own retries
         builder = SparkSession.builder.remote(master)
@@ -108,9 +113,10 @@ class ClassicFlavour:
         self.context.cancelJobGroup(tag)
 
     def unavailable(self, exc: BaseException) -> bool:
-        return False  # the driver is this process: a lost master shows as a stalled batch
+        return classic_lost(exc)
 
 
+_CLASSIC_LOST = ("stopped SparkContext", "SparkContext was shut down", "SparkContext has been shutdown")
 # Connect's own errors that mean the server (or its session) is gone, not that a job failed.
 _CONNECT_LOST = ("UNAVAILABLE", "INVALID_HANDLE.SESSION", "NO_ACTIVE_SESSION", "Connection refused", "Socket closed")
 
@@ -142,16 +148,23 @@ class ConnectFlavour:
         self.session.interruptTag(tag)
 
     def unavailable(self, exc: BaseException) -> bool:
-        import grpc
+        return connect_lost(exc)
 
-        # Past its retries the client raises the last gRPC error (wrapped as
-        # SparkConnectGrpcException), so the status shows in the text.
-        if isinstance(exc, ConnectServerDown):
-            return True
-        if isinstance(exc, grpc.RpcError) and exc.code() == grpc.StatusCode.UNAVAILABLE:  # type: ignore[attr-defined]
-            return True
-        text = f"{type(exc).__name__}: {exc}"
-        return any(marker in text for marker in _CONNECT_LOST)
+
+def classic_lost(exc: BaseException) -> bool:
+    """The driver is this process: a lost master shows as a stalled batch. But a context Spark
+    shut down (an application the cluster removed) never comes back by itself."""
+    return any(marker in str(exc) for marker in _CLASSIC_LOST)
+
+
+def connect_lost(exc: BaseException) -> bool:
+    """The Connect server is down, or restarted (its sessions are gone). Past its retries the
+    client raises the last gRPC error (wrapped as SparkConnectGrpcException), so the status
+    shows in the text."""
+    if isinstance(exc, ConnectServerDown):
+        return True
+    text = f"{type(exc).__name__}: {exc}"
+    return any(marker in text for marker in _CONNECT_LOST)
 
 
 def flavour(session: Any) -> Flavour:
@@ -161,7 +174,10 @@ def flavour(session: Any) -> Flavour:
 
 
 def drop(session: Any) -> None:
-    """Forget a Connect session whose server is gone, without the release call that would wait
-    on it; it stops being the default session, so the next one becomes it."""
+    """Forget a session Spark lost: a Connect one without the release call that would wait on
+    its server. It stops being the default session, so the next one becomes it."""
     session.release_session_on_close = False
-    session.stop()
+    try:
+        session.stop()
+    except Exception:  # noqa: BLE001 - best effort: it is gone either way
+        pass

@@ -39,7 +39,7 @@ def verify(
     rate: int = typer.Option(300, help="Records per second the clients offer."),
     records: int = typer.Option(0, help="Records to send (default: rate × duration)."),
     faults: str = typer.Option(
-        "", help=f"Fault kinds, comma-separated: {', '.join(KINDS)}. Default: every kind the stack can take (redis-failover needs --redis sentinel, the targeted broker faults --brokers 3)."
+        "", help=f"Fault kinds, comma-separated: {', '.join(KINDS)}. Default: every kind the stack can take (redis-failover needs --redis sentinel, the targeted broker faults --brokers 3, the Spark faults --spark standalone)."
     ),
     fault_every: float = typer.Option(10.0, help="Seconds between faults."),
     resend_ratio: float = typer.Option(0.05, help="Share of batches a client sends twice (client retries)."),
@@ -54,6 +54,9 @@ def verify(
     brokers: int | None = typer.Option(
         None, help="1: one broker. 3: a KRaft cluster of three nodes (started if needed; enables the targeted broker faults). Default: ONCEFLOW_KAFKA_BROKERS or 1."
     ),
+    spark_cluster: str | None = typer.Option(
+        None, "--spark", help="none: compute runs Spark in-process. standalone: on a Spark master and two workers (started if needed; enables the Spark faults). Default: ONCEFLOW_SPARK_CLUSTER or none."
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print the verdict as JSON on stdout (the report goes to stderr)."),
     keep: bool = typer.Option(False, help="Keep the run's topics and Redis tables afterwards."),
 ) -> None:
@@ -65,6 +68,10 @@ def verify(
         if brokers not in (1, 3):
             raise typer.BadParameter("--brokers takes 1 or 3")
         os.environ["ONCEFLOW_KAFKA_BROKERS"] = str(brokers)
+    if spark_cluster is not None:
+        if spark_cluster not in ("none", "standalone"):
+            raise typer.BadParameter("--spark takes none or standalone")
+        os.environ["ONCEFLOW_SPARK_CLUSTER"] = spark_cluster
     try:
         options = campaign.CampaignOptions(
             records=records, rate=rate, duration_s=parse_duration(duration),

@@ -14,6 +14,7 @@ the driver ships it (docs/services/compute.md, "Running on a cluster")."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import urllib.request
 from dataclasses import dataclass
@@ -301,6 +302,40 @@ class ConnectServer:
             if not _proc.wait_until(self.answers, timeout, 0.5):
                 raise InfraError(f"the Spark Connect server did not answer on {self.port} in {timeout:.0f}s; see {self.log_path}")
         return self
+
+
+def executor_pids(home: Path) -> list[int]:
+    """The executors (CoarseGrainedExecutorBackend) of the cluster under ``home``: they run in
+    its workers' work directories."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_text().replace("\0", " ")
+            if "CoarseGrainedExecutorBackend" in cmdline and (str(home) in cmdline or str(home) in os.readlink(proc / "cwd")):
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+def busy_executors(home: Path) -> list[int]:
+    """Executors of the cluster under ``home`` running Python tasks (a pyspark.daemon under them)."""
+    executors = set(executor_pids(home))
+    busy = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if "pyspark.daemon" not in (proc / "cmdline").read_text():
+                continue
+            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent in executors:
+            busy.append(parent)
+    return busy
 
 
 def connect_server(settings: InfraSettings | None = None, home: Path | None = None) -> ConnectServer:

@@ -26,8 +26,10 @@ from onceflow.infra.kafka import cluster as kafka_cluster
 from onceflow.infra.topics import delete_topics, ensure_topics
 from onceflow.redis_client import connect, delete_prefix
 from onceflow.verify.check import Verdict, check, undrained
+from onceflow.verify import spark_faults
 from onceflow.verify.kafka_faults import CLUSTER_KINDS
 from onceflow.verify.schedule import KINDS, FaultSchedule, available_kinds
+from onceflow.verify.spark_faults import SPARK_KINDS
 from onceflow.verify.supervisor import Supervisor
 from onceflow.v1.ingest_pb2 import IngestRecord
 from onceflow.workloads import auctionbids, nexmark, usersum
@@ -83,6 +85,9 @@ class CampaignOptions:
         needs_cluster = sorted(set(self.faults) & set(CLUSTER_KINDS) - set(available_kinds()))
         if needs_cluster:
             raise ValueError(f"{', '.join(needs_cluster)} need a 3-node Kafka cluster: --brokers 3 (docs/architecture.md, 'On a Kafka cluster')")
+        needs_spark = sorted(set(self.faults) & set(SPARK_KINDS) - set(available_kinds()))
+        if needs_spark:
+            raise ValueError(f"{', '.join(needs_spark)} need compute on a Spark cluster: --spark standalone (docs/services/compute.md, 'Running on a cluster')")
         if self.workload not in WORKLOADS:
             raise ValueError(f"unknown workload {self.workload!r}; known: {', '.join(WORKLOADS)}")
         if self.users < 1:
@@ -157,7 +162,11 @@ def run(options: CampaignOptions, on_progress: Callable[[Progress], None] = lamb
         env |= {SABOTAGE_ENV: options.sabotage, ALLOW_SABOTAGE_ENV: "1"}
         note(f"[red]sabotaged build[/]: {options.sabotage}")
     load = workload(options)
-    supervisor = Supervisor(prefix, log_dir, settings={"compute": load.compute_settings}, env=env)
+    compute_settings = dict(load.compute_settings)
+    if spark_faults.available():
+        compute_settings |= spark_faults.compute_settings()
+        note(f"compute on the Spark cluster at {compute_settings['SPARK_MASTER']}")
+    supervisor = Supervisor(prefix, log_dir, settings={"compute": compute_settings}, env=env)
     try:
         progress.phase = "starting services"
         on_progress(progress)

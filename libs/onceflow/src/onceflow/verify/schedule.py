@@ -34,14 +34,15 @@ from onceflow.config import CommonSettings
 from onceflow.infra.redis import RedisServer, current_primary, sentinel_of
 from onceflow.infra.redis import topology as redis_topology
 from onceflow.redis_client import connect
-from onceflow.verify import kafka_faults, redis_faults
+from onceflow.verify import kafka_faults, redis_faults, spark_faults
 from onceflow.verify.kafka_faults import CLUSTER_KINDS
+from onceflow.verify.spark_faults import SPARK_KINDS
 from onceflow.verify.supervisor import SERVICES, ZOMBIE_SERVICES, Supervisor
 
 log = logging.getLogger(__name__)
 
 KINDS = (
-    "kill9", "crash_in_txn", "zombie", "broker", *CLUSTER_KINDS,
+    "kill9", "crash_in_txn", "zombie", "broker", *CLUSTER_KINDS, *SPARK_KINDS,
     "redis-kill9", "redis-rollback", "redis-flush", "redis-failover",
 )
 REDIS_KINDS = tuple(kind for kind in KINDS if kind.startswith("redis-"))
@@ -55,6 +56,8 @@ def available_kinds() -> tuple[str, ...]:
         missing.add("redis-failover")
     if len(kafka_cluster()) < 3:
         missing.update(CLUSTER_KINDS)
+    if not spark_faults.available():
+        missing.update(SPARK_KINDS)
     return tuple(kind for kind in KINDS if kind not in missing)
 
 
@@ -146,6 +149,8 @@ class FaultSchedule(threading.Thread):
             return f"{node.name} restart ({how}, {time.monotonic() - started:.0f} s)"
         if kind in CLUSTER_KINDS:
             return kafka_faults.inject(kind, self.rng, self.supervisor.prefix)
+        if kind in SPARK_KINDS:
+            return spark_faults.inject(kind, self.rng)
         servers = redis_topology()
         if kind == "redis-kill9":
             primary = current_primary(servers)
