@@ -323,17 +323,17 @@ def test_a_streaming_worker_through_spark_connect_stays_exact_through_a_server_r
 def test_a_worker_whose_batches_no_executor_runs_turns_unhealthy_and_recovers_when_one_comes(
     pipeline: Pipeline, tmp_path: Path,
 ) -> None:
-    """A master with no worker: Spark waits forever for resources ("Initial job has not
-    accepted any resources"). The batch is cancelled at its timeout and fails as a whole: the
-    service is NOT_SERVING with the reason, commits nothing, and backs off. Once a worker
-    registers, the same records are processed exactly once."""
+    """First no master at all: the worker starts anyway (no crash loop) and is NOT_SERVING,
+    naming the master that does not answer. Then a master with no worker: Spark waits forever
+    for resources ("Initial job has not accepted any resources"); the batch is cancelled at its
+    timeout and fails as a whole: NOT_SERVING with the reason, nothing committed, backing off.
+    Once a worker registers, the same records are processed exactly once."""
     from onceflow.infra import spark
     from onceflow.infra.settings import InfraSettings
 
     settings = InfraSettings(spark_cluster="standalone", spark_master_port=_free_base(2), spark_workers=1)
     master, lone_worker = spark.cluster(settings, tmp_path / "spark")
     try:
-        spark.up(120, [master])
         port = free_port()
         inputs = usersum_inputs(1500, seed=3)
         compute = worker(
@@ -341,9 +341,18 @@ def test_a_worker_whose_batches_no_executor_runs_turns_unhealthy_and_recovers_wh
             ONCEFLOW_COMPUTE_SPARK_EXECUTOR_PYTHON=spark.executor_python(), ONCEFLOW_COMPUTE_BATCH_TIMEOUT_S="8",
         ).start()
         address = f"127.0.0.1:{port}"
-        compute.wait_healthy(address, timeout_s=180)
+        compute.wait_log("compute: assigned", 180)
         produce(pipeline, inputs)
-        stats = wait_unhealthy(address, 120, "the worker to report its batches stalled")
+        stats = wait_unhealthy(address, 120, "the worker to report the master unreachable")
+        assert "no Spark master answers" in stats.last_error, stats.last_error
+        assert stats.records_in == 0 and stats.dead_letters == 0 and compute.alive()
+
+        spark.up(120, [master])
+        stats = eventually(
+            lambda: (s := compute_admin(address).Stats(compute_pb2.ComputeStatsRequest(), timeout=10))
+            and "did not finish a micro-batch" in s.last_error and s,
+            180, "the worker to report its batches stalled",
+        )
         assert "did not finish a micro-batch within 8 s" in stats.last_error, stats.last_error
         assert stats.records_in == 0 and stats.dead_letters == 0  # a stalled engine blames no record
         assert not checker.read_committed(pipeline.common, pipeline.topic("compute.partials"), timeout_s=5)

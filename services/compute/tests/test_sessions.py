@@ -48,6 +48,12 @@ def test_a_connect_url_with_no_server_is_refused_by_the_probe() -> None:
         sessions.build_session(f"sc://127.0.0.1:{free_port()}", "t", 1, "1g", "")
 
 
+def test_a_standalone_master_that_does_not_answer_is_refused_and_counts_as_lost() -> None:
+    with pytest.raises(sessions.ConnectServerDown, match="no Spark master answers at 127.0.0.1") as caught:
+        sessions.build_session(f"spark://127.0.0.1:{free_port()},127.0.0.1:{free_port()}", "t", 1, "1g", "")
+    assert sessions.classic_lost(caught.value)
+
+
 def test_the_url_decides_the_kind() -> None:
     assert sessions.is_connect("sc://host:15002/;user_id=a")
     assert not sessions.is_connect("spark://host:7077") and not sessions.is_connect("local[*]")

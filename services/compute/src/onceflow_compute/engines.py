@@ -66,8 +66,9 @@ def input_columns(job: Aggregation, table: pa.Table) -> list[str]:
 
 
 class EngineUnavailable(EngineStalled):
-    """Spark is out of reach (a Spark Connect server that is down or restarted): the batch did
-    not run. The engine opens a new session on the next call."""
+    """Spark is out of reach (a master that does not answer, a Spark Connect server that is down
+    or restarted, a context Spark shut down): the batch did not run. The engine opens a new
+    session on the next call."""
 
 
 class SparkEngine:
@@ -102,8 +103,8 @@ class SparkEngine:
         try:
             self._open()
         except EngineUnavailable as exc:
-            # A Connect server that is down now may be up by the first batch: start anyway,
-            # each batch tries again and the service reports itself unhealthy meanwhile.
+            # A master or Connect server that is down now may be up by the first batch: start
+            # anyway (no crash loop); each batch tries again, the service NOT_SERVING meanwhile.
             log.warning("%s; the first batch tries again", exc)
 
     def _open(self) -> None:
@@ -120,7 +121,7 @@ class SparkEngine:
                     self._flavour.ship(archive(source))
                     log.info("shipped %s (for %s) to the executors", source.name, module)
         except Exception as exc:
-            if sessions.is_connect(self._master):
+            if not self._master.startswith("local"):  # a cluster or server that may come back
                 self.session = None
                 raise self._unavailable(exc) from exc
             raise

@@ -33,7 +33,7 @@ def is_connect(master: str) -> bool:
 
 
 class ConnectServerDown(ConnectionError):
-    """Nothing listens at the Connect URL's address."""
+    """Nothing listens at the master URL's address (a Connect server's or standalone masters')."""
 
 
 def build_session(
@@ -52,6 +52,8 @@ def build_session(
         for key, value in sql.items():
             builder = builder.config(key, value)
         return builder.create()
+    if master.startswith("spark://"):
+        _probe(master)
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
@@ -68,13 +70,24 @@ def build_session(
 
 
 def _probe(master: str, timeout_s: float = 2.0) -> None:
-    parts = urlsplit(master.replace(CONNECT_SCHEME, "grpc://", 1).split(";", 1)[0])
-    address = (parts.hostname or "localhost", parts.port or 15002)
-    try:
-        with socket.create_connection(address, timeout=timeout_s):
-            pass
-    except OSError as exc:
-        raise ConnectServerDown(f"no Spark Connect server answers at {address[0]}:{address[1]} ({exc})") from exc
+    """Refuse at once a master nobody listens at: Spark itself would retry for a minute (a
+    standalone master) or ten (Connect) before saying so. A standalone URL may list several
+    masters (high availability): one answering is enough."""
+    scheme, _, rest = master.partition("://")
+    default_port = 15002 if scheme == "sc" else 7077
+    addresses = []
+    for host_port in rest.split("/", 1)[0].split(";", 1)[0].split(","):
+        parts = urlsplit(f"//{host_port}")
+        addresses.append((parts.hostname or "localhost", parts.port or default_port))
+    errors = []
+    for address in addresses:
+        try:
+            with socket.create_connection(address, timeout=timeout_s):
+                return
+        except OSError as exc:
+            errors.append(f"{address[0]}:{address[1]} ({exc})")
+    what = "Spark Connect server" if scheme == "sc" else "Spark master"
+    raise ConnectServerDown(f"no {what} answers at {', '.join(errors)}")
 
 
 class Flavour(Protocol):
@@ -152,9 +165,10 @@ class ConnectFlavour:
 
 
 def classic_lost(exc: BaseException) -> bool:
-    """The driver is this process: a lost master shows as a stalled batch. But a context Spark
-    shut down (an application the cluster removed) never comes back by itself."""
-    return any(marker in str(exc) for marker in _CLASSIC_LOST)
+    """The driver is this process: a master lost mid-run shows as a stalled batch. But a master
+    that does not answer, or a context Spark shut down (an application the cluster removed,
+    or one whose master never answered), never comes back by itself."""
+    return isinstance(exc, ConnectServerDown) or any(marker in str(exc) for marker in _CLASSIC_LOST)
 
 
 def connect_lost(exc: BaseException) -> bool:
