@@ -10,6 +10,8 @@ from collections.abc import Iterator
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from onceflow.client import IngestClient, RetryPolicy
 from onceflow.v1 import admin_pb2, admin_pb2_grpc, ingest_pb2, ingest_pb2_grpc
@@ -265,3 +267,60 @@ def test_open_streams_past_the_call_limit_are_refused_and_health_and_admin_still
     assert stub.Ingest(ingest_pb2.IngestRequest(records=[IngestRecord(record_id=b"later")]), timeout=10).accepted == 1
     channel.close()
     assert proc.terminate() == 0, proc.log_tail()
+
+
+_RECORD_FIELDS = st.fixed_dictionaries(
+    {},
+    optional={
+        "record_id": st.binary(max_size=300),
+        "payload": st.binary(max_size=1200),
+        "key": st.binary(max_size=300),
+        "event_time_ms": st.integers(min_value=-(2**63), max_value=2**63 - 1),
+        "headers": st.dictionaries(st.text(max_size=300), st.text(max_size=40), max_size=40),
+    },
+)
+
+
+def _parsed(raw: bytes) -> IngestRecord:
+    """Arbitrary bytes as a record where they parse (unknown fields and all); else a valid
+    record with those bytes appended as they are, which may or may not still parse."""
+    for candidate in (raw, IngestRecord(record_id=b"r", payload=b"p").SerializeToString() + raw):
+        try:
+            return IngestRecord.FromString(candidate)
+        except Exception:  # noqa: BLE001 - protobuf's DecodeError and friends
+            continue
+    return IngestRecord()
+
+
+@pytest.mark.security
+def test_ingest_validation_fuzzed_answers_ok_or_invalid_argument_and_never_crashes(pipeline: Pipeline) -> None:
+    """Hypothesis over whole requests of arbitrary records (field values, and raw bytes that
+    parse as a record): every call is OK or INVALID_ARGUMENT, never INTERNAL or UNKNOWN, and
+    the service stays up. What was accepted is exactly what was committed."""
+    proc, address = _ingest(pipeline, ONCEFLOW_INGEST_MAX_PAYLOAD_BYTES="1000", ONCEFLOW_INGEST_MAX_REQUEST_RECORDS="5")
+    stub = ingest_pb2_grpc.IngestStub(grpc.insecure_channel(address))
+    accepted: list[str] = []
+
+    any_record = st.one_of(_RECORD_FIELDS.map(lambda f: IngestRecord(**f)), st.binary(max_size=400).map(_parsed))
+    valid_record = st.builds(
+        IngestRecord, record_id=st.text(min_size=1, max_size=60).map(str.encode), payload=st.binary(max_size=1000),
+        key=st.binary(max_size=100), event_time_ms=st.integers(0, 2**63 - 1),
+    )
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.one_of(st.lists(any_record, max_size=7), st.lists(valid_record, min_size=1, max_size=5)))
+    def call(records: list[IngestRecord]) -> None:
+        try:
+            reply = stub.Ingest(ingest_pb2.IngestRequest(records=records), timeout=30)
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT, (exc.code(), exc.details(), records)
+            assert exc.details(), records
+            return
+        assert reply.accepted == len(records)
+        accepted.extend(record.record_id.decode() for record in records)
+
+    call()
+    assert proc.alive(), proc.log_tail()
+    assert accepted, "no example was valid: the fuzz never reached the commit path"
+    committed = sorted(checker.record_id_of_bytes(r.value) for r in _committed(pipeline))
+    assert committed == sorted(accepted)
