@@ -98,6 +98,8 @@ class Pipeline:
             "ONCEFLOW_KAFKA_BOOTSTRAP": self.common.kafka_bootstrap,
             "ONCEFLOW_LOOP_SESSION_TIMEOUT_MS": str(TEST_SESSION_TIMEOUT_MS),
             "ONCEFLOW_ADMIN_TOKEN": "test-token",
+            # The fault tests arm services with ONCEFLOW_FAULT; a service refuses it without this.
+            "ONCEFLOW_ALLOW_TEST_SWITCHES": "1",
         }
 
     def topic(self, name: str) -> str:

@@ -33,19 +33,24 @@ def _server() -> ServiceServer:
 
 @pytest.fixture(autouse=True)
 def _clean(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in (faults.ENV, faults.SABOTAGE_ENV, faults.ALLOW_SABOTAGE_ENV, faults.GUARANTEE_ENV):
+    for name in (faults.ENV, faults.SABOTAGE_ENV, faults.ALLOW_ENV, faults.GUARANTEE_ENV):
         monkeypatch.delenv(name, raising=False)
 
 
-def test_a_sabotaged_build_refuses_to_start_unless_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(faults.SABOTAGE_ENV, "read_uncommitted")
-    with pytest.raises(faults.SabotageNotAllowed, match="ONCEFLOW_ALLOW_SABOTAGE=1"):
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [(faults.SABOTAGE_ENV, "read_uncommitted"), (faults.ENV, "after_produce@2"), (faults.GUARANTEE_ENV, "at_least_once")],
+)
+def test_any_test_switch_refuses_to_start_unless_allowed(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(faults.SwitchesNotAllowed, match=f"{name}={value}.*ONCEFLOW_ALLOW_TEST_SWITCHES=1"):
         _server()
-    monkeypatch.setenv(faults.ALLOW_SABOTAGE_ENV, "1")
-    assert faults.guard_switches("acker") == ["ONCEFLOW_SABOTAGE=read_uncommitted"]
+    monkeypatch.setenv(faults.ALLOW_ENV, "1")
+    assert faults.guard_switches("acker") == [f"{name}={value}"]
 
 
 def test_status_lists_the_switches_that_are_on(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv(faults.ALLOW_ENV, "1")
     monkeypatch.setenv(faults.ENV, "after_produce@2")
     monkeypatch.setenv(faults.GUARANTEE_ENV, "at_least_once")
     server = _server()

@@ -20,10 +20,12 @@ worth testing (see ``POINTS``).
   blindly: no continuity check on writes or deciding reads, so a Redis that went back in time
   lets duplicates through and leaves wrong rows.
 
-Never set it outside a test of the checker: a service refuses to start with it unless
-``ONCEFLOW_ALLOW_SABOTAGE=1`` is set too. Every service logs the test-only switches it runs with
-(``guard_switches``) and its Admin ``Status`` lists them (``test_switches``), so a leftover
-``export`` in a shell cannot quietly turn a pipeline into a broken one.
+Never set these outside tests: a service refuses to start with any test-only switch (a fault,
+a sabotage, or ``ONCEFLOW_PROCESSING_GUARANTEE=at_least_once``) unless
+``ONCEFLOW_ALLOW_TEST_SWITCHES=1`` is set too (the test harness, ``onceflow verify`` and the
+bench set it). Every service logs the switches it runs with (``guard_switches``) and its Admin
+``Status`` lists them (``test_switches``), so a leftover ``export`` in a shell cannot quietly
+turn a pipeline into a broken one.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ POINTS = (
 ENV = "ONCEFLOW_FAULT"
 SABOTAGE_ENV = "ONCEFLOW_SABOTAGE"
 SABOTAGES = ("offsets_outside_txn", "read_uncommitted", "redis_unchecked")
-ALLOW_SABOTAGE_ENV = "ONCEFLOW_ALLOW_SABOTAGE"
+ALLOW_ENV = "ONCEFLOW_ALLOW_TEST_SWITCHES"
 # Not a fault, but as weakening: the bench's at-least-once twin of every producer.
 GUARANTEE_ENV = "ONCEFLOW_PROCESSING_GUARANTEE"
 log = logging.getLogger(__name__)
@@ -110,8 +112,8 @@ def sabotaged(name: str) -> bool:
     return name in _sabotages
 
 
-class SabotageNotAllowed(RuntimeError):
-    """A sabotage switch is set without the explicit allow setting beside it."""
+class SwitchesNotAllowed(RuntimeError):
+    """A test-only switch is set without the explicit allow setting beside it."""
 
 
 def active_switches() -> list[str]:
@@ -123,14 +125,14 @@ def active_switches() -> list[str]:
 
 
 def guard_switches(service: str) -> list[str]:
-    """Say loudly which test-only switches ``service`` runs with; refuse a sabotage that was not
+    """Say loudly which test-only switches ``service`` runs with; refuse any that was not
     explicitly allowed. The switches, for Status."""
     switches = active_switches()
+    if switches and os.environ.get(ALLOW_ENV) != "1":
+        raise SwitchesNotAllowed(
+            f"{'; '.join(switches)}: test-only (crashes on purpose, a deliberately broken build, or a weaker "
+            f"guarantee); {service} starts with them only if {ALLOW_ENV}=1 is set too. Unset them for a real pipeline"
+        )
     if switches:
         log.warning("%s runs with test-only switches: %s", service, "; ".join(switches))
-    if os.environ.get(SABOTAGE_ENV) and os.environ.get(ALLOW_SABOTAGE_ENV) != "1":
-        raise SabotageNotAllowed(
-            f"{SABOTAGE_ENV}={os.environ[SABOTAGE_ENV]} builds a deliberately broken pipeline (tests of the "
-            f"checker only); {service} starts with it only if {ALLOW_SABOTAGE_ENV}=1 is set too"
-        )
     return switches

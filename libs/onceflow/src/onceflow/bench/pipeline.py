@@ -79,7 +79,7 @@ class PipelineRun:
         self.common = CommonSettings(topic_prefix=self.prefix)
         self.supervisor = Supervisor(
             self.prefix, options.log_dir, settings={"compute": {"JOB": workload.JOB}},
-            env={"ONCEFLOW_PROCESSING_GUARANTEE": guarantee},
+            env={"ONCEFLOW_PROCESSING_GUARANTEE": guarantee, "ONCEFLOW_ALLOW_TEST_SWITCHES": "1"},
         )
         self.trees = TreeLog(self.common)
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from onceflow.config import CommonSettings
-from onceflow.faults import ALLOW_SABOTAGE_ENV, SABOTAGE_ENV, SABOTAGES
+from onceflow.faults import ALLOW_ENV, SABOTAGE_ENV, SABOTAGES
 from onceflow.infra import stack
 from onceflow.infra.kafka import cluster as kafka_cluster
 from onceflow.infra.topics import delete_topics, ensure_topics
@@ -149,7 +149,8 @@ def run(options: CampaignOptions, on_progress: Callable[[Progress], None] = lamb
 
     stack.up()
     prefix = f"verify{int(time.time())}s{options.seed}."
-    env = {"ONCEFLOW_LOOP_SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_MS)}
+    # The campaign arms services to crash at chosen points (ONCEFLOW_FAULT): allowed here.
+    env = {"ONCEFLOW_LOOP_SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_MS), ALLOW_ENV: "1"}
     nodes = kafka_cluster()
     if len(nodes) > 1 and "ONCEFLOW_KAFKA_BOOTSTRAP" not in os.environ:
         # Every node: a client must still find the cluster while the first one is down.
@@ -159,7 +160,7 @@ def run(options: CampaignOptions, on_progress: Callable[[Progress], None] = lamb
     log_dir = Path(tempfile.mkdtemp(prefix="onceflow-verify-"))
     note(f"topics {prefix!r} on {len(nodes)} broker(s); service logs in {log_dir}")
     if options.sabotage:
-        env |= {SABOTAGE_ENV: options.sabotage, ALLOW_SABOTAGE_ENV: "1"}
+        env |= {SABOTAGE_ENV: options.sabotage}
         note(f"[red]sabotaged build[/]: {options.sabotage}")
     load = workload(options)
     compute_settings = dict(load.compute_settings)
