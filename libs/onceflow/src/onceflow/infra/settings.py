@@ -60,8 +60,10 @@ class InfraSettings(BaseSettings):
     spark_connect_port: int = 17002
     spark_connect_master: str = "local[2]"
     spark_connect_memory: str = "1g"
-    # Seconds `up` waits for each component to answer.
+    # Seconds `up` waits for each component to answer; Spark's JVMs (a master and its workers, a
+    # Connect server) take longer on a busy 2-core machine.
     start_timeout_s: float = 90.0
+    spark_start_timeout_s: float = 240.0
 
 
 def port_of(address: str, default: int) -> int:

@@ -46,10 +46,12 @@ def up(timeout: float | None = None, create_topics: bool = True) -> list[Compone
     brokers[0].warm_up(timeout, bootstrap)
     if create_topics:
         ensure_topics(bootstrap, CommonSettings().topic_prefix)
-    if InfraSettings().spark_cluster == "standalone":
-        spark.up(timeout)
-    elif InfraSettings().spark_cluster == "connect":
-        spark.connect_server().up(timeout)
+    settings = InfraSettings()
+    spark_timeout = max(timeout, settings.spark_start_timeout_s)
+    if settings.spark_cluster == "standalone":
+        spark.up(spark_timeout)
+    elif settings.spark_cluster == "connect":
+        spark.connect_server().up(spark_timeout)
     return status(brokers)
 
 
