@@ -29,7 +29,7 @@ from onceflow.kafka.inspect import consumed_everything
 from onceflow.v1 import acker_pb2, acker_pb2_grpc, admin_pb2, admin_pb2_grpc, dedup_pb2, dedup_pb2_grpc
 from onceflow.v1 import ingest_pb2, ingest_pb2_grpc
 from tests.conftest import Pipeline, eventually, free_port
-from tests.harness.certs import CertAuthority
+from onceflow.infra.certs import CertAuthority
 from tests.harness.process import ServiceProcess
 from tests.harness.workload import ingest_records, items
 

@@ -46,7 +46,24 @@ class CommonSettings(BaseSettings):
     # (librdkafka #5511, #5456). On a cluster whose brokers can all be replaced, "rebootstrap"
     # lets clients find the cluster again from the bootstrap list.
     kafka_metadata_recovery: Literal["none", "rebootstrap"] = "none"
+    # How every Kafka client (services, CLI, infra checks) talks to the brokers. PLAINTEXT is
+    # for loopback only. SASL_SSL with SCRAM: a user and password (the _FILE form wins) over
+    # TLS. SSL with a client certificate and key: mutual TLS. The CA file verifies the brokers.
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_SSL"] = "PLAINTEXT"
+    kafka_sasl_mechanism: Literal["SCRAM-SHA-512", "SCRAM-SHA-256"] = "SCRAM-SHA-512"
+    kafka_sasl_username: str = ""
+    kafka_sasl_password: str = ""
+    kafka_sasl_password_file: str = ""
+    kafka_ssl_ca_file: str = ""
+    kafka_ssl_cert_file: str = ""
+    kafka_ssl_key_file: str = ""
+    # redis:// or, for TLS, rediss://; an ACL user goes in the URL (rediss://onceflow@host:port/0)
+    # and its password in ONCEFLOW_REDIS_PASSWORD(_FILE), not in the URL.
     redis_url: str = "redis://127.0.0.1:16379/0"
+    redis_password: str = ""
+    redis_password_file: str = ""
+    # The CA that signed the Redis server's certificate (rediss://); empty: the system's.
+    redis_ssl_ca_file: str = ""
     # After each write to a Redis store, WAIT until this many replicas have it (0: don't wait).
     # It narrows what a failover can lose; what it still loses, the stores' continuity check
     # catches and rebuilds from Kafka (docs/redis.md).
@@ -91,7 +108,35 @@ class CommonSettings(BaseSettings):
     def _token_files_are_readable(self) -> CommonSettings:
         secret(self.admin_token, self.admin_token_file, "ONCEFLOW_ADMIN_TOKEN")
         secret(self.read_token, self.read_token_file, "ONCEFLOW_READ_TOKEN")
+        secret(self.kafka_sasl_password, self.kafka_sasl_password_file, "ONCEFLOW_KAFKA_SASL_PASSWORD")
+        secret(self.redis_password, self.redis_password_file, "ONCEFLOW_REDIS_PASSWORD")
         return self
+
+    @model_validator(mode="after")
+    def _kafka_security_is_complete(self) -> CommonSettings:
+        # Half a security setup must fail at startup, not connect in plaintext or hang in a handshake.
+        protocol = self.kafka_security_protocol
+        if protocol == "SASL_SSL" and not (self.kafka_sasl_username and (self.kafka_sasl_password or self.kafka_sasl_password_file)):
+            raise ValueError("ONCEFLOW_KAFKA_SECURITY_PROTOCOL=SASL_SSL needs ONCEFLOW_KAFKA_SASL_USERNAME and ONCEFLOW_KAFKA_SASL_PASSWORD(_FILE)")
+        if bool(self.kafka_ssl_cert_file) != bool(self.kafka_ssl_key_file):
+            raise ValueError("set both ONCEFLOW_KAFKA_SSL_CERT_FILE and ONCEFLOW_KAFKA_SSL_KEY_FILE, or neither")
+        if protocol == "PLAINTEXT" and (self.kafka_sasl_username or self.kafka_ssl_ca_file or self.kafka_ssl_cert_file):
+            raise ValueError("Kafka credentials or certificates are set but ONCEFLOW_KAFKA_SECURITY_PROTOCOL is PLAINTEXT")
+        return self
+
+    def kafka_client_config(self) -> dict[str, str]:
+        """librdkafka's security settings for every client: services, CLI and infra checks."""
+        config = {"security.protocol": self.kafka_security_protocol.lower()}
+        if self.kafka_security_protocol == "SASL_SSL":
+            config |= {
+                "sasl.mechanisms": self.kafka_sasl_mechanism, "sasl.username": self.kafka_sasl_username,
+                "sasl.password": secret(self.kafka_sasl_password, self.kafka_sasl_password_file, "ONCEFLOW_KAFKA_SASL_PASSWORD"),
+            }
+        if self.kafka_ssl_ca_file:
+            config["ssl.ca.location"] = self.kafka_ssl_ca_file
+        if self.kafka_ssl_cert_file:
+            config |= {"ssl.certificate.location": self.kafka_ssl_cert_file, "ssl.key.location": self.kafka_ssl_key_file}
+        return config
 
     @model_validator(mode="after")
     def _redis_url_is_usable(self) -> CommonSettings:

@@ -4,6 +4,7 @@ fails over (docs/redis.md)."""
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import urlsplit
 
 import redis
@@ -17,12 +18,20 @@ SENTINEL_SCHEME = "redis+sentinel"
 def connect(url: str) -> redis.Redis:
     """A client that rides out a Redis restart or failover: connection errors are retried with
     backoff (through Sentinel, each retry asks again which server is the primary; a demoted
-    primary's READONLY counts as a connection error there)."""
-    options = {
+    primary's READONLY counts as a connection error there). The password and, for rediss://,
+    the CA come from ONCEFLOW_REDIS_PASSWORD(_FILE) and ONCEFLOW_REDIS_SSL_CA_FILE."""
+    from onceflow.config import CommonSettings, secret
+
+    common = CommonSettings()
+    options: dict[str, Any] = {
         "retry": Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=20),
         "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
         "health_check_interval": 30,
     }
+    if password := secret(common.redis_password, common.redis_password_file, "ONCEFLOW_REDIS_PASSWORD"):
+        options["password"] = password
+    if url.startswith("rediss://") and common.redis_ssl_ca_file:
+        options["ssl_ca_certs"] = common.redis_ssl_ca_file
     if not url.startswith(f"{SENTINEL_SCHEME}://"):
         return redis.Redis.from_url(url, **options)
     sentinels, master, db = parse_sentinel_url(url)

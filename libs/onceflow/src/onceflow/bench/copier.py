@@ -13,17 +13,18 @@ import threading
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from onceflow.config import CommonSettings, LoopSettings
+from onceflow.kafka.clients import plain_config
 
 
 def copy(common: CommonSettings, loop: LoopSettings, source: str, target: str, group: str, transactional_id: str,
          stop: threading.Event) -> int:
     """Copy until ``stop``; the records copied."""
     consumer = Consumer({
-        "bootstrap.servers": common.kafka_bootstrap, "group.id": group, "isolation.level": "read_committed",
+        **plain_config(common.kafka_bootstrap), "group.id": group, "isolation.level": "read_committed",
         "enable.auto.commit": False, "auto.offset.reset": "earliest",
     })
     producer = Producer({
-        "bootstrap.servers": common.kafka_bootstrap, "transactional.id": transactional_id,
+        **plain_config(common.kafka_bootstrap), "transactional.id": transactional_id,
         "transaction.timeout.ms": common.transaction_timeout_ms, "linger.ms": 5,
     })
     producer.init_transactions(30)

@@ -17,6 +17,7 @@ from onceflow.v1.envelope_pb2 import Envelope
 from onceflow.v1.ingest_pb2 import IngestRecord
 from onceflow.workloads import usersum
 from onceflow.workloads.usersum import JOB, KeyedRecord, records
+from onceflow.kafka.clients import plain_config
 
 __all__ = ["JOB", "KeyedRecord", "envelope", "ingest_records", "peer_json", "records", "write_backlog"]
 
@@ -44,7 +45,7 @@ def write_backlog(common: CommonSettings, topic: str, values: Iterator[tuple[byt
     """(key, value) pairs into ``topic`` with a plain idempotent producer (no transaction, so the
     topic's end offset is its last record's + 1: a consumer group that read everything commits
     exactly that); the count written."""
-    producer = Producer({"bootstrap.servers": common.kafka_bootstrap, "enable.idempotence": True, "linger.ms": 20})
+    producer = Producer({**plain_config(common.kafka_bootstrap), "enable.idempotence": True, "linger.ms": 20})
     written = 0
     for key, value in values:
         while True:

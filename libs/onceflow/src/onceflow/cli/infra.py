@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from onceflow.config import CommonSettings
+from onceflow.infra import secure as secure_stack
 from onceflow.infra import spark, stack
 from onceflow.infra._proc import InfraError, tail
 from onceflow.infra.kafka import KafkaBroker
@@ -91,6 +92,10 @@ def up(
         RedisTopology | None,
         typer.Option(help="single: one redis-server. sentinel: a primary, a replica and a Sentinel that fails over. Default: ONCEFLOW_REDIS_TOPOLOGY or single."),
     ] = None,
+    secure: Annotated[
+        bool,
+        typer.Option("--secure", help="Kafka with a SASL_SSL (SCRAM) listener and Redis with TLS and a password, certificates and passwords generated for this home. Default: ONCEFLOW_SECURE."),
+    ] = False,
     spark_cluster: Annotated[
         SparkCluster | None,
         typer.Option("--spark", help="none: compute runs Spark in-process (local[*]). standalone: also a Spark master and workers from the pyspark wheel. connect: also a Spark Connect server. Default: ONCEFLOW_SPARK_CLUSTER or none."),
@@ -106,6 +111,8 @@ def up(
         os.environ["ONCEFLOW_REDIS_TOPOLOGY"] = redis.value
     if spark_cluster is not None:
         os.environ["ONCEFLOW_SPARK_CLUSTER"] = spark_cluster.value
+    if secure:
+        os.environ["ONCEFLOW_SECURE"] = "1"
     if not KafkaBroker.from_env().is_installed():
         install()
     rows = _run("starting Kafka and Redis", lambda: stack.up(timeout=timeout, create_topics=topics))
@@ -131,6 +138,10 @@ def up(
         )
     if InfraSettings().spark_cluster == "connect" and not os.environ.get("ONCEFLOW_COMPUTE_SPARK_MASTER", "").startswith("sc://"):
         out.print(f"compute runs on it with ONCEFLOW_COMPUTE_SPARK_MASTER={spark.connect_server().url}", highlight=False)
+    if InfraSettings().secure:
+        out.print("services and the CLI reach the secure stack with:", highlight=False)
+        for name, value in secure_stack.apply_client_env().items():
+            out.print(f"export {name}={value}", highlight=False, soft_wrap=True)
     raise typer.Exit(0 if healthy else 1)
 
 

@@ -21,6 +21,7 @@ from onceflow.infra import _proc
 from onceflow.infra._proc import InfraError
 from onceflow.infra.paths import display_path, infra_dir, runtime_dir
 from onceflow.infra.settings import InfraSettings, kafka_port
+from onceflow.kafka.clients import plain_config
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +71,19 @@ class KafkaBroker:
     # A cluster's static quorum, "1@host:port,2@host:port,..." ('' = one standalone node).
     voters: str = ""
     libs_home: Path | None = None
+    # SASL_SSL (SCRAM) listener, TLS certificate and password from onceflow.infra.secure.
+    secure: bool = False
 
     @classmethod
-    def from_env(cls) -> KafkaBroker:
-        """The single broker (a cluster's nodes: ``cluster``)."""
+    def from_env(cls, secure: bool | None = None) -> KafkaBroker:
+        """The single broker (a cluster's nodes: ``cluster``); in secure mode the secure one,
+        in a home of its own (its SCRAM user is written when its storage is formatted)."""
         s = InfraSettings()
+        if s.secure if secure is None else secure:
+            return cls(
+                port=kafka_port(s), controller_port=s.kafka_controller_port, home=runtime_dir() / "kafka-secure",
+                libs_home=runtime_dir() / "kafka", secure=True,
+            )
         return cls(port=kafka_port(s), controller_port=s.kafka_controller_port, home=runtime_dir() / "kafka")
 
     @property
@@ -193,8 +202,30 @@ class KafkaBroker:
                 "kafka_port": self.port, "controller_port": self.controller_port, "data_dir": self.data_dir,
                 "node_id": self.node_id, "quorum": quorum, "replicas": min(3, replicas),
                 "min_isr": max(1, min(2, replicas - 1)),
+                "listener": "SASL_SSL" if self.secure else "PLAINTEXT", "security": self._security_props(),
             },
         )
+
+    def _security_props(self) -> str:
+        if not self.secure:
+            return ""
+        from onceflow.infra import secure
+
+        m = secure.material()
+        jaas = (
+            "org.apache.kafka.common.security.scram.ScramLoginModule required "
+            f'username="{secure.USER}" password="{m.kafka_password}";'
+        )
+        return "\n".join([
+            "# Secure mode (onceflow.infra.secure): SCRAM over TLS, the broker's own connections too.",
+            f"sasl.enabled.mechanisms={secure.SCRAM_MECHANISM}",
+            f"sasl.mechanism.inter.broker.protocol={secure.SCRAM_MECHANISM}",
+            f"listener.name.sasl_ssl.{secure.SCRAM_MECHANISM.lower()}.sasl.jaas.config={jaas}",
+            "ssl.keystore.type=PEM",
+            f"ssl.keystore.location={m.server_keystore}",
+            "ssl.truststore.type=PEM",
+            f"ssl.truststore.location={m.ca}",
+        ])
 
     @property
     def _cluster_id_file(self) -> Path:
@@ -227,6 +258,7 @@ class KafkaBroker:
             "kafka.tools.StorageTool",
             "format",
             *([] if self.voters else ["--standalone"]),  # static voters need no initial controllers
+            *self._scram_args(),
             "-t",
             self._cluster_id(),
             "-c",
@@ -236,6 +268,16 @@ class KafkaBroker:
         if res.returncode != 0:
             raise InfraError(f"kafka storage format failed:\n{(res.stdout + res.stderr).strip()[-3000:]}")
         return True
+
+    def _scram_args(self) -> list[str]:
+        """The SCRAM user, written into the metadata log at format time (KRaft has no ZooKeeper
+        to hold it, and the broker needs it for its own connections before it can serve)."""
+        if not self.secure:
+            return []
+        from onceflow.infra import secure
+
+        password = secure.material().kafka_password
+        return ["--add-scram", f"{secure.SCRAM_MECHANISM}=[name={secure.USER},password={password}]"]
 
     def _cds_opts(self, java: str) -> list[str]:
         """AppCDS: the first run records the loaded classes into an archive when it exits, later
@@ -279,12 +321,7 @@ class KafkaBroker:
         from confluent_kafka.admin import AdminClient
 
         # log_level 0: a broker that is still starting is expected here, not worth a stderr line.
-        conf: dict[str, Any] = {
-            "bootstrap.servers": self.bootstrap,
-            "log_level": 0,
-            "error_cb": lambda _e: None,
-        }
-        admin = AdminClient(conf)
+        admin = AdminClient(plain_config(self.bootstrap, log_level=0, error_cb=lambda _e: None))
         try:
             md = admin.list_topics(timeout=timeout)
         except Exception:
@@ -416,11 +453,11 @@ class KafkaBroker:
         from confluent_kafka.admin import AdminClient
 
         bootstrap = bootstrap or self.bootstrap
-        admin = AdminClient({"bootstrap.servers": bootstrap})
+        admin = AdminClient(plain_config(bootstrap))
         if {"__consumer_offsets", "__transaction_state"} <= set(admin.list_topics(timeout=timeout).topics):
             return
         # log_level 3: the expected "coordinator load in progress" retries are not worth a line.
-        quiet = {"bootstrap.servers": bootstrap, "log_level": 3}
+        quiet = plain_config(bootstrap, log_level=3)
         producer = Producer({**quiet, "transactional.id": "onceflow-infra-warm-up"})
         producer.init_transactions(timeout)
         # A consumer's offset fetch makes the broker create __consumer_offsets and load its
@@ -456,7 +493,9 @@ def cluster(settings: InfraSettings | None = None) -> list[KafkaBroker]:
     controller likewise), every node a voter. A cluster once started stays the topology for
     status and down while any node of it runs."""
     s = settings or InfraSettings()
-    single = KafkaBroker.from_env()
+    if s.secure and s.kafka_brokers > 1:
+        raise InfraError("secure mode runs one broker (ONCEFLOW_SECURE with ONCEFLOW_KAFKA_BROKERS=3 is not supported)")
+    single = KafkaBroker.from_env(secure=s.secure)
     base, controller = kafka_port(s), s.kafka_controller_port
     home = runtime_dir() / "kafka-cluster"
     count = CLUSTER_SIZE

@@ -25,10 +25,15 @@ class RedisServer:
     home: Path
     replica_of: int | None = None
     sentinel_of: int | None = None
+    # TLS only (no plaintext port) and an ACL user with a password (onceflow.infra.secure).
+    secure: bool = False
 
     @classmethod
-    def from_env(cls) -> RedisServer:
-        """The primary (as started: after a failover the replica may be primary instead)."""
+    def from_env(cls, secure: bool | None = None) -> RedisServer:
+        """The primary (as started: after a failover the replica may be primary instead); in
+        secure mode the secure one, in a home of its own."""
+        if InfraSettings().secure if secure is None else secure:
+            return cls(port=redis_port(), home=runtime_dir() / "redis-secure", secure=True)
         return cls(port=redis_port(), home=runtime_dir() / "redis")
 
     @property
@@ -90,9 +95,7 @@ class RedisServer:
             return False
         import redis as redis_py  # ~0.5 s to import: only when a server is there to ask
 
-        client = redis_py.Redis(
-            host="127.0.0.1", port=self.port, socket_timeout=timeout, socket_connect_timeout=timeout
-        )
+        client = self._client(timeout)
         try:
             return bool(client.ping())
         except redis_py.RedisError:
@@ -104,7 +107,7 @@ class RedisServer:
         """What the server says it is now: after a failover the replica is the primary."""
         import redis as redis_py
 
-        client = redis_py.Redis(host="127.0.0.1", port=self.port, socket_timeout=1.0)
+        client = self._client(1.0)
         try:
             if self.sentinel_of:
                 host, port = client.sentinel_get_master_addr_by_name(SENTINEL_MASTER)
@@ -117,6 +120,17 @@ class RedisServer:
             return f"role unknown ({exc})"
         finally:
             client.close()
+
+    def _client(self, timeout: float):  # noqa: ANN202 - a redis.Redis, imported late
+        import redis as redis_py
+
+        options: dict[str, object] = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+        if self.secure:
+            from onceflow.infra import secure
+
+            m = secure.material()
+            options |= {"ssl": True, "ssl_ca_certs": str(m.ca), "username": secure.USER, "password": m.redis_password}
+        return redis_py.Redis(host="127.0.0.1", port=self.port, **options)
 
     def start(self, timeout: float = 30.0) -> bool:
         """Start redis-server (it daemonizes itself) and wait for PING. False if already healthy."""
@@ -149,7 +163,12 @@ class RedisServer:
         return True
 
     def _render_conf(self) -> None:
-        values: dict[str, object] = {"port": self.port, "pid_file": self.pid_file, "log_file": self.log_path, "data_dir": self.data_dir}
+        values: dict[str, object] = {
+            "port": self.port, "pid_file": self.pid_file, "log_file": self.log_path, "data_dir": self.data_dir,
+            "listen": f"port {self.port}", "security": "",
+        }
+        if self.secure:
+            values |= self._security_values()
         if self.sentinel_of:
             if self.conf_path.exists():
                 return  # Sentinel keeps what it learned (the primary after a failover) in it
@@ -161,6 +180,23 @@ class RedisServer:
         replication = f"replicaof 127.0.0.1 {self.replica_of}" if self.replica_of else ""
         values |= {"replication": replication, "appendfsync": InfraSettings().redis_appendfsync}
         _proc.render(infra_dir() / "redis" / "redis.conf", self.conf_path, values)
+
+    def _security_values(self) -> dict[str, object]:
+        """TLS on the one port (no plaintext listener) and the default user off: a client
+        without the certificate's CA and the ACL user's password is refused."""
+        from onceflow.infra import secure
+
+        m = secure.material()
+        return {
+            "listen": f"port 0\ntls-port {self.port}",
+            "security": "\n".join([
+                "# Secure mode (onceflow.infra.secure).",
+                f"tls-cert-file {m.server_cert}", f"tls-key-file {m.server_key}", f"tls-ca-cert-file {m.ca}",
+                "tls-auth-clients no",
+                "user default off",
+                f"user {secure.USER} on >{m.redis_password} ~* &* +@all",
+            ]),
+        }
 
     def stop(self, timeout: float = 30.0) -> bool:
         """SIGTERM (redis fsyncs the AOF and exits), SIGKILL after ``timeout``. False if not running."""
@@ -191,7 +227,9 @@ def topology(settings: InfraSettings | None = None) -> list[RedisServer]:
     """The servers ``ONCEFLOW_REDIS_TOPOLOGY`` asks for, in start order: the primary alone, or a
     primary, its replica (the next port) and one Sentinel."""
     settings = settings or InfraSettings()
-    primary = RedisServer.from_env()
+    if settings.secure and settings.redis_topology == "sentinel":
+        raise InfraError("secure mode runs one Redis (ONCEFLOW_SECURE with the Sentinel topology is not supported)")
+    primary = RedisServer.from_env(secure=settings.secure)
     home = runtime_dir()
     sentinel_set = [
         primary,

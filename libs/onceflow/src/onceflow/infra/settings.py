@@ -60,6 +60,9 @@ class InfraSettings(BaseSettings):
     spark_connect_port: int = 17002
     spark_connect_master: str = "local[2]"
     spark_connect_memory: str = "1g"
+    # The broker with a SASL_SSL listener and Redis with TLS and a password, certificates and
+    # passwords generated for this home (`onceflow infra up --secure`; onceflow.infra.secure).
+    secure: bool = False
     # Seconds `up` waits for each component to answer; Spark's JVMs (a master and its workers, a
     # Connect server) take longer on a busy 2-core machine.
     start_timeout_s: float = 90.0

@@ -11,9 +11,10 @@ from onceflow.infra.kafka import cluster as kafka_cluster
 from onceflow.infra.paths import display_path
 from onceflow.infra.redis import RedisServer
 from onceflow.infra.redis import topology as redis_topology
-from onceflow.infra import spark
+from onceflow.infra import secure, spark
 from onceflow.infra.settings import InfraSettings, port_of
 from onceflow.infra.topics import ensure_topics
+from onceflow.kafka.clients import plain_config
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,8 @@ def up(timeout: float | None = None, create_topics: bool = True) -> list[Compone
     """Start whatever is not running, wait until it answers, create the declared topics (with
     ONCEFLOW_TOPIC_PREFIX). Idempotent: on a healthy stack it only checks, in well under a second."""
     timeout = timeout if timeout is not None else InfraSettings().start_timeout_s
+    if secure.enabled():
+        secure.apply_client_env()
     brokers, servers = kafka_cluster(), redis_topology()
     for server in servers:
         server.start(timeout)
@@ -59,18 +62,25 @@ def down() -> list[str]:
     """Stop everything (cleanly, SIGKILL after a timeout); returns the names of those that ran."""
     # A cluster's nodes all at once: stopped one by one, the last ones lose their controller
     # quorum and hang in controlled shutdown until killed.
-    brokers = kafka_cluster()
+    brokers = kafka_cluster(InfraSettings(secure=False))
     with ThreadPoolExecutor(max_workers=len(brokers)) as pool:
         stopped = [broker.name for broker, ran in zip(brokers, pool.map(lambda b: b.stop(), brokers)) if ran]
     # Every Redis role, whatever the topology says now: one started as sentinel stays stoppable.
-    for server in reversed(redis_topology(InfraSettings(redis_topology="sentinel"))):
+    for server in reversed(redis_topology(InfraSettings(redis_topology="sentinel", secure=False))):
         if server.stop():
             stopped.append(_redis_name(server))
+    # The secure mode's broker and Redis (their own homes), whatever the mode says now.
+    if KafkaBroker.from_env(secure=True).stop():
+        stopped.append("kafka (secure)")
+    if RedisServer.from_env(secure=True).stop():
+        stopped.append("redis (secure)")
     connect = spark.connect_server()
     return stopped + spark.down() + ([connect.name] if connect.stop() else [])
 
 
 def status(brokers: list[KafkaBroker] | None = None) -> list[ComponentStatus]:
+    if secure.enabled():
+        secure.apply_client_env()
     brokers = brokers or kafka_cluster()
     common = CommonSettings()
     kafka = [_kafka_status(broker, common) for broker in brokers]
@@ -121,7 +131,7 @@ def _with_cluster_health(rows: list[ComponentStatus], brokers: list[KafkaBroker]
     live = [broker.bootstrap for broker, row in zip(brokers, rows, strict=True) if row.healthy]
     if not live:
         return rows
-    admin = AdminClient({"bootstrap.servers": ",".join(live), "log_level": 3})
+    admin = AdminClient(plain_config(",".join(live), log_level=3))
     try:
         topics = admin.list_topics(timeout=10).topics
     except Exception as exc:  # noqa: BLE001 - a cluster mid-election: say so, do not fail status

@@ -11,6 +11,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from onceflow.infra.paths import infra_dir
+from onceflow.kafka.clients import plain_config
 
 # Changelogs are restored by reading them from the start, and compaction never touches the
 # active segment: rolling every minute and cleaning at 10% dirty keeps a restore close to one
@@ -105,7 +106,7 @@ def load_specs(path: Path | None = None) -> list[TopicSpec]:
 
 def _admin(bootstrap: str) -> AdminClient:
     # log_level 3: a dead broker named first in the bootstrap list is expected, not worth lines.
-    return AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
+    return AdminClient(plain_config(bootstrap, log_level=3))
 
 
 def count_brokers(bootstrap: str, timeout: float = 10.0) -> int:

@@ -16,8 +16,15 @@ log = logging.getLogger(__name__)
 
 
 def _recovery(common: CommonSettings) -> dict[str, str]:
-    """ONCEFLOW_KAFKA_METADATA_RECOVERY (docs/decisions/0001-kafka-version.md)."""
-    return {"metadata.recovery.strategy": common.kafka_metadata_recovery}
+    """ONCEFLOW_KAFKA_METADATA_RECOVERY (docs/decisions/0001-kafka-version.md), and the security
+    settings (ONCEFLOW_KAFKA_SECURITY_PROTOCOL ...) every client needs."""
+    return {"metadata.recovery.strategy": common.kafka_metadata_recovery, **common.kafka_client_config()}
+
+
+def plain_config(bootstrap: str, **overrides: Any) -> dict[str, Any]:
+    """For a client outside the services (infra checks, fault injection, benches) that names
+    its brokers itself: the security settings from the environment still apply."""
+    return {"bootstrap.servers": bootstrap, **CommonSettings().kafka_client_config(), **overrides}
 
 
 def _log_error(err: Any) -> None:

@@ -12,6 +12,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from onceflow.infra.kafka import active_controller
+from onceflow.kafka.clients import plain_config
 from onceflow.infra.kafka import cluster as kafka_cluster
 
 TRANSACTION_STATE = "__transaction_state"
@@ -25,7 +26,7 @@ MIN_ISR_OUTAGE_S = (5.0, 12.0)
 
 
 def _admin(bootstrap: str) -> AdminClient:
-    return AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
+    return AdminClient(plain_config(bootstrap, log_level=3))
 
 
 def partition_leaders(bootstrap: str, topic_prefix: str) -> dict[tuple[str, int], int]:
@@ -59,10 +60,7 @@ def coordinators(bootstrap: str, id_prefix: str, tail: int = 200, timeout_s: flo
     if state is None or state.error is not None:
         return {}
     leaders = {p.id: p.leader for p in state.partitions.values()}
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap, "group.id": "onceflow-verify-coordinators", "enable.auto.commit": False,
-        "log_level": 3,
-    })
+    consumer = Consumer(plain_config(bootstrap, **{"group.id": "onceflow-verify-coordinators", "enable.auto.commit": False, "log_level": 3}))
     found: dict[str, int] = {}
     try:
         ends: dict[int, int] = {}

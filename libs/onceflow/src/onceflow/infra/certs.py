@@ -1,5 +1,7 @@
-"""Throwaway certificates for TLS tests, made with the openssl CLI (no Python crypto package in
-the venv): one CA, and leaf certificates it signs for 127.0.0.1/localhost."""
+"""Throwaway certificates for a local stack (`onceflow infra up --secure`) and TLS tests, made
+with the openssl CLI (no Python crypto package in the venv): one CA, and leaf certificates it
+signs for 127.0.0.1/localhost. Keys are unencrypted PKCS#8 PEM, which Kafka, Redis, gRPC and
+librdkafka all read."""
 
 from __future__ import annotations
 
@@ -25,17 +27,17 @@ class CertAuthority:
     key: Path
 
     @classmethod
-    def create(cls, directory: Path, name: str = "ca") -> CertAuthority:
+    def create(cls, directory: Path, name: str = "ca", days: int = 1) -> CertAuthority:
         directory.mkdir(parents=True, exist_ok=True)
         _openssl(
             "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-            "-keyout", f"{name}.key", "-out", f"{name}.pem", "-days", "1", "-subj", f"/CN=onceflow test {name}",
+            "-keyout", f"{name}.key", "-out", f"{name}.pem", "-days", str(days), "-subj", f"/CN=onceflow {name}",
             "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
             cwd=directory,
         )
         return cls(directory, directory / f"{name}.pem", directory / f"{name}.key")
 
-    def issue(self, name: str, usage: str) -> Leaf:
+    def issue(self, name: str, usage: str, days: int = 1) -> Leaf:
         """A leaf for ``usage`` serverAuth or clientAuth. gRPC checks the server's SAN against
         the address the client dialled, so servers get both the IP and the name."""
         extensions = self.dir / f"{name}.ext"
@@ -51,6 +53,6 @@ class CertAuthority:
         )
         _openssl(
             "x509", "-req", "-in", f"{name}.csr", "-CA", self.cert.name, "-CAkey", self.key.name, "-CAcreateserial",
-            "-out", f"{name}.pem", "-days", "1", "-extfile", extensions.name, cwd=self.dir,
+            "-out", f"{name}.pem", "-days", str(days), "-extfile", extensions.name, cwd=self.dir,
         )
         return Leaf(self.dir / f"{name}.pem", self.dir / f"{name}.key")
