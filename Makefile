@@ -11,7 +11,7 @@ ONCEFLOW := .venv/bin/onceflow
 PROTOS := $(wildcard proto/onceflow/v1/*.proto)
 GEN_STAMP := libs/onceflow/src/onceflow/v1/.generated
 
-.PHONY: setup venv proto kafka-jars spark-cds redis compose-schema demo test test-cluster test-fast infra-up infra-down bench soak soak-cluster soak-spark clean
+.PHONY: setup venv proto kafka-jars spark-cds redis compose-schema demo test test-cluster test-extended test-fast infra-up infra-down bench soak soak-cluster soak-spark clean
 
 setup: venv proto kafka-jars spark-cds redis
 
@@ -70,6 +70,11 @@ test: setup tilt compose-schema
 
 test-cluster: setup
 	$(PY) -m pytest -m cluster
+
+# What `make test` leaves out for time: the cluster's sabotaged build, two compute workers on the
+# Spark cluster, the whole pipeline on the secure stack.
+test-extended: setup
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m extended
 
 test-fast: setup tilt compose-schema
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not fault and not cluster and not extended"

@@ -99,6 +99,7 @@ def test_redis_refuses_clients_without_tls_or_the_password(secure_stack: SecureS
         redis.Redis(port=port, ssl=True, ssl_ca_certs=ca, username="onceflow", password="nope", socket_timeout=5).ping()
 
 
+@pytest.mark.extended  # about 2.5 min; make test-extended, pytest -m security
 def test_the_whole_pipeline_runs_exactly_once_on_the_secure_stack(secure_stack: SecureStack) -> None:
     """A short verify campaign (ingest, acker, dedup, compute, sink, the checker) with only
     the printed settings: it must talk SASL_SSL and TLS everywhere, or nothing would flow."""

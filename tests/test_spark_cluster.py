@@ -220,6 +220,7 @@ def test_a_streaming_worker_on_the_cluster_stays_exact_through_a_master_and_an_e
 
 
 
+@pytest.mark.extended  # about 2.5 min; make test-extended, pytest -m spark_cluster
 def test_two_workers_share_the_cluster_and_stay_exact_through_rebalances(
     spark_cluster: Cluster, user_job: tuple[str, Path], pipeline: Pipeline,
 ) -> None:

@@ -35,6 +35,7 @@ import os
 import random
 import signal
 from collections import Counter
+from collections.abc import Callable
 
 POINTS = (
     "before_produce",  # transaction begun, nothing produced
@@ -78,8 +79,11 @@ class _Rules:
 _rules = _Rules(os.environ.get(ENV, ""))
 
 
-def point(name: str) -> None:
-    """Mark a fault-injection point; crashes here if a rule says so."""
+def point(name: str, before_crash: Callable[[], object] | None = None) -> None:
+    """Mark a fault-injection point; crashes here if a rule says so. ``before_crash`` runs first
+    when it does: the loops flush their produced records there, so a crash "after produce" leaves
+    an open transaction's records on the broker (the case read_committed must hide), not only in
+    the client's buffer, where they would die with the process unseen."""
     if not _rules.at_hit and not _rules.probability:
         return
     _rules.hits[name] += 1
@@ -89,6 +93,11 @@ def point(name: str) -> None:
         sig = signal.SIGKILL
     else:
         return
+    if before_crash is not None:
+        try:
+            before_crash()
+        except Exception as exc:  # noqa: BLE001 - the crash comes next either way
+            log.warning("fault injection: before the crash at %s: %s", name, exc)
     log.warning("fault injection: %s at %s (hit %d)", sig.name, name, _rules.hits[name])
     for handler in logging.getLogger().handlers:
         handler.flush()

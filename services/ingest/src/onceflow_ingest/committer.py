@@ -212,7 +212,7 @@ class GroupCommitter:
                 producer.produce(self._topic, value, key=key)
         else:
             self._produce_with_inits(producer, records, self._acking)
-        faults.point("after_produce")
+        faults.point("after_produce", before_crash=producer.flush)
 
     def _count_commit(self, group: list[Submission]) -> None:
         faults.point("after_commit")

@@ -362,7 +362,7 @@ class TransactionalLoop:
             for partition, overlay in batch.overlays.items():
                 for key, value in overlay.changes.items():
                     producer.produce(self.stores.changelog_topic, value, key, partition, on_delivery=track_changelog)
-        faults.point("after_produce")
+        faults.point("after_produce", before_crash=producer.flush)
         if records and not sabotaged:
             producer.send_offsets(self._next_offsets(records), consumer)
 

@@ -125,15 +125,22 @@ class TransactionalProducer:
 
     def _init(self) -> Producer:
         """init_transactions fences every older producer with our transactional.id and resolves
-        its open transaction. Retried while the broker is unreachable."""
+        its open transaction. Retried while the broker is unreachable, on the same producer:
+        librdkafka resumes a timed-out init_transactions when it is called again, and destroying
+        a producer whose init is still in flight aborted a whole service once (librdkafka 2.16:
+        rd_kafka_enq_once_del_source_return assertion, ingest during a broker restart)."""
+        producer = clients.transactional_producer(self._common, self.transactional_id, **self._overrides)
         while True:
-            producer = clients.transactional_producer(self._common, self.transactional_id, **self._overrides)
             try:
                 producer.init_transactions(self._timeout)
                 return producer
             except KafkaException as exc:
                 if classify(exc) is TxnErrorClass.FATAL:
                     raise FencedError(str(exc)) from exc
+                err = kafka_error(exc)
+                if err is not None and not err.retriable() and err.code() != KafkaError._TIMED_OUT:
+                    # Not resumable: start over with a new producer (nothing is in flight on this one).
+                    producer = clients.transactional_producer(self._common, self.transactional_id, **self._overrides)
                 log.warning("init_transactions(%s): %s; retrying", self.transactional_id, exc)
                 if self._stop.wait(1.0):
                     raise FencedError("stopped before the producer could initialise") from exc
