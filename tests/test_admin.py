@@ -329,3 +329,21 @@ def test_tls_and_mutual_tls(pipeline: Pipeline, tmp_path: Path) -> None:
     assert one.returncode == 0 and "pending" in json.loads(one.stdout)
     for proc, _address in procs.values():
         assert proc.terminate() == 0, proc.log_tail()
+
+
+@pytest.mark.security
+@pytest.mark.parametrize(
+    ("switch", "value"), [("ONCEFLOW_SABOTAGE", "read_uncommitted"), ("ONCEFLOW_FAULT", "after_produce@2")],
+)
+def test_a_service_with_a_test_switch_and_no_allow_setting_refuses_to_start(
+    pipeline: Pipeline, switch: str, value: str,
+) -> None:
+    """A leftover export must not turn a real pipeline into a broken one: the service exits
+    non-zero naming the switch and the allow setting, and serves nothing."""
+    proc = pipeline.process(
+        f"acker-{switch.lower()}", "onceflow_acker", ONCEFLOW_ACKER_PORT=str(free_port()), ONCEFLOW_ACKER_METRICS_PORT="0",
+        ONCEFLOW_ALLOW_TEST_SWITCHES="", **{switch: value},
+    ).start()
+    assert proc.wait_exit(120) not in (0, None), proc.log_tail()
+    log = proc.log_path.read_text()
+    assert f"{switch}={value}" in log and "ONCEFLOW_ALLOW_TEST_SWITCHES=1" in log, log[-3000:]
