@@ -21,6 +21,7 @@ from onceflow.client import IngestClient, RetryPolicy
 from onceflow.codec import decode_envelope
 from onceflow.kafka.inspect import consumed_everything
 from onceflow.redis_client import connect
+from onceflow.txn.errors import EXIT_RESTART
 from onceflow.txn.loop import EXIT_FENCED
 from onceflow.v1 import dedup_pb2, dedup_pb2_grpc
 from onceflow.v1.acker_pb2 import RecordRef, TreeEvent
@@ -48,6 +49,9 @@ class Deployment:
             "acker", "onceflow_acker", ONCEFLOW_ACKER_PORT=str(free_port()), ONCEFLOW_ACKER_METRICS_PORT="0",
         )
         self.gates: list[tuple[ServiceProcess, str]] = []
+        self.restarts: list[str] = []  # services restarted after exiting with EXIT_RESTART
+        self._stopping = threading.Event()
+        self._supervisor = threading.Thread(target=self._supervise, name="supervisor", daemon=True)
 
     def gate(self, instance: str, **env: str) -> tuple[ServiceProcess, str]:
         port = free_port()
@@ -65,9 +69,22 @@ class Deployment:
         gate.wait_healthy(address)
         self.ingest.start()
         self.ingest.wait_healthy(self.ingest_address)
+        self._supervisor.start()
         return gate, address
 
+    def _supervise(self) -> None:
+        """What a deployment's supervisor does: a service that exits asking for a restart (exit 4:
+        a producer call hung past its timeout, a consumer dropped from its group, typically
+        around a broker restart) is started again. Any other exit is left for the test to see."""
+        while not self._stopping.wait(0.5):
+            for proc in (self.ingest, self.acker, *(g for g, _ in self.gates)):
+                if proc.proc is not None and proc.proc.poll() == EXIT_RESTART:
+                    self.restarts.append(proc.name)
+                    proc.start()
+
     def stop(self) -> None:
+        self._stopping.set()
+        self._supervisor.join(10)
         for proc in (self.ingest, self.acker, *(g for g, _ in self.gates)):
             if proc.alive():
                 assert proc.terminate() == 0, proc.log_tail()
@@ -165,7 +182,7 @@ def test_retries_replays_kill9_and_a_broker_restart_pass_each_id_once(pipeline: 
         gate.start()
     broker.restart()
     sender.join(300)
-    assert not sender.is_alive(), "the client did not finish sending"
+    assert not sender.is_alive(), f"the client did not finish sending (restarted: {deploy.restarts})\n{deploy.ingest.log_tail()}"
     replayed = inject_timeouts(pipeline, {i.record_id for i in rng.sample(batch, 1_000)})  # 2% replayed by ingest
     assert replayed == 1_000
     for _ in range(2):
