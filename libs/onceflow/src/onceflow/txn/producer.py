@@ -105,6 +105,10 @@ class CallWatchdog:
                 os._exit(self._exit_code)
 
 
+# How long a timed-out abort is resumed before the producer is replaced (a broker restart).
+_ABORT_RESUME_S = 180.0
+
+
 class TransactionalProducer:
     def __init__(
         self,
@@ -219,12 +223,25 @@ class TransactionalProducer:
         self._producer.poll(0)  # serve delivery reports now: they carry offsets callers track
 
     def abort(self) -> None:
-        """Abort; if even that cannot be decided, recreate the producer (which aborts for us)."""
-        try:
-            self._call(lambda: self._producer.abort_transaction(self._timeout), retry=True, indefinite_on_retriable=True)
-        except (IndefiniteOutcome, KafkaException) as exc:
-            log.warning("abort failed (%s); recreating the producer", exc)
-            self.recreate()
+        """Abort; if even that cannot be decided, recreate the producer (which aborts for us).
+        A timed-out abort is resumed (librdkafka: "retry call to resume") for up to
+        _ABORT_RESUME_S while the broker is away, rather than recreated at once: replacing a
+        producer whose abort was still in flight aborted a whole service with a librdkafka 2.16
+        assertion (rd_kafka_enq_once_del_source_return), seen three times across a broker restart."""
+        deadline = time.monotonic() + _ABORT_RESUME_S
+        while True:
+            try:
+                self._call(lambda: self._producer.abort_transaction(self._timeout), retry=True, indefinite_on_retriable=True)
+                return
+            except (IndefiniteOutcome, KafkaException) as exc:
+                err = kafka_error(exc) if isinstance(exc, KafkaException) else None
+                timed_out = err is not None and err.code() == KafkaError._TIMED_OUT or "retry call to resume" in str(exc)
+                if timed_out and time.monotonic() < deadline and not self._stop.is_set():
+                    log.warning("abort timed out (%s); resuming it", exc)
+                    continue
+                log.warning("abort failed (%s); recreating the producer", exc)
+                self.recreate()
+                return
 
     def _call(self, call: Callable[[], Any], retry: bool = False, indefinite_on_retriable: bool = False) -> Any:
         """Run one producer call, retrying retriable errors, and translate the rest:
