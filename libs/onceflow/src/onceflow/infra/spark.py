@@ -19,7 +19,6 @@ import sys
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 from onceflow.infra import _proc
 from onceflow.infra._proc import InfraError
@@ -43,8 +42,47 @@ def spark_home() -> Path:
     return Path(pyspark.__file__).parent
 
 
+class _Daemon:
+    """A Spark JVM started detached through spark-class, recorded in a pid file and found again
+    by a marker on its command line: what the master, the workers and the Connect server share."""
+
+    dir: Path
+    log_path: Path
+    pid_file: Path
+    marker: str
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def environment(self) -> dict[str, str]:
+        raise NotImplementedError
+
+    def pid(self) -> int | None:
+        return _proc.read_pid(self.pid_file, self.marker)
+
+    def start(self) -> int | None:
+        """Spawn if not running, with no PYTHONPATH of ours; the pid, or None if it already ran."""
+        if self.pid() is not None:
+            return None
+        self.dir.mkdir(parents=True, exist_ok=True)
+        env_prefix = ["env", "-u", "PYTHONPATH", *(f"{k}={v}" for k, v in self.environment().items())]
+        pid = _proc.spawn_detached([*env_prefix, *self.command()], self.log_path)
+        self.pid_file.write_text(str(pid))
+        return pid
+
+    def stop(self, timeout: float = 20.0) -> bool:
+        return _proc.stop_recorded(self.pid_file, self.marker, timeout)
+
+    def kill9(self) -> int | None:
+        pid = self.pid()
+        if pid is not None:
+            _proc.kill_pid(pid)
+            self.pid_file.unlink(missing_ok=True)
+        return pid
+
+
 @dataclass(frozen=True)
-class SparkDaemon:
+class SparkDaemon(_Daemon):
     """The master (index 0) or worker ``index`` of the local standalone cluster."""
 
     index: int
@@ -114,48 +152,6 @@ class SparkDaemon:
         """What its command line holds: its port (several clusters may run on one host)."""
         return f"--port {self.port}"
 
-    def pid(self) -> int | None:
-        return _proc.read_pid(self.pid_file, self.marker)
-
-    def start(self) -> int | None:
-        return _start(self)
-
-    def stop(self, timeout: float = 20.0) -> bool:
-        return _proc.stop_recorded(self.pid_file, self.marker, timeout)
-
-    def kill9(self) -> int | None:
-        return _kill9(self)
-
-
-class _Daemon(Protocol):
-    dir: Path
-    log_path: Path
-    pid_file: Path
-
-    def pid(self) -> int | None: ...
-
-    def command(self) -> list[str]: ...
-
-    def environment(self) -> dict[str, str]: ...
-
-
-def _start(daemon: _Daemon) -> int | None:
-    """Spawn if not running, with no PYTHONPATH of ours; the pid, or None if it already ran."""
-    if daemon.pid() is not None:
-        return None
-    daemon.dir.mkdir(parents=True, exist_ok=True)
-    env_prefix = ["env", "-u", "PYTHONPATH", *(f"{k}={v}" for k, v in daemon.environment().items())]
-    pid = _proc.spawn_detached([*env_prefix, *daemon.command()], daemon.log_path)
-    daemon.pid_file.write_text(str(pid))
-    return pid
-
-
-def _kill9(daemon: _Daemon) -> int | None:
-    pid = daemon.pid()
-    if pid is not None:
-        _proc.kill_pid(pid)
-        daemon.pid_file.unlink(missing_ok=True)
-    return pid
 
 
 def cluster(settings: InfraSettings | None = None, home: Path | None = None) -> list[SparkDaemon]:
@@ -232,7 +228,7 @@ def running() -> bool:
 
 
 @dataclass(frozen=True)
-class ConnectServer:
+class ConnectServer(_Daemon):
     """A Spark Connect server: the driver (on ``master``, ``local[N]`` or a standalone
     cluster's URL) lives here, and compute workers are its gRPC clients. Its executors run this
     venv's Python, which has onceflow-compute; a user's job package is shipped by the client
@@ -281,17 +277,6 @@ class ConnectServer:
             "PYSPARK_PYTHON": executor_python(),
         }
 
-    def pid(self) -> int | None:
-        return _proc.read_pid(self.pid_file, self.marker)
-
-    def start(self) -> int | None:
-        return _start(self)
-
-    def stop(self, timeout: float = 20.0) -> bool:
-        return _proc.stop_recorded(self.pid_file, self.marker, timeout)
-
-    def kill9(self) -> int | None:
-        return _kill9(self)
 
     def answers(self) -> bool:
         return _proc.port_open(self.port)
