@@ -17,24 +17,24 @@ RUN uv run --no-project --with grpcio-tools==1.85.1 proto/generate.sh python
 FROM base AS ingest
 RUN uv sync --locked --no-dev --package onceflow-ingest
 ENV ONCEFLOW_INGEST_HOST=0.0.0.0
-EXPOSE 50051 9101
-HEALTHCHECK CMD ["/app/.venv/bin/onceflow", "health", "127.0.0.1:50051"]
+EXPOSE 15051 9101
+HEALTHCHECK CMD ["/app/.venv/bin/onceflow", "health", "127.0.0.1:15051"]
 USER onceflow
 CMD ["/app/.venv/bin/onceflow-ingest"]
 
 FROM base AS acker
 RUN uv sync --locked --no-dev --package onceflow-acker
 ENV ONCEFLOW_ACKER_HOST=0.0.0.0
-EXPOSE 50052 9102
-HEALTHCHECK CMD ["/app/.venv/bin/onceflow", "health", "127.0.0.1:50052"]
+EXPOSE 15052 9102
+HEALTHCHECK CMD ["/app/.venv/bin/onceflow", "health", "127.0.0.1:15052"]
 USER onceflow
 CMD ["/app/.venv/bin/onceflow-acker"]
 
 FROM base AS dedup
 RUN uv sync --locked --no-dev --package onceflow-dedup
 ENV ONCEFLOW_DEDUP_HOST=0.0.0.0
-EXPOSE 50053 9103
-HEALTHCHECK CMD ["/app/.venv/bin/onceflow", "health", "127.0.0.1:50053"]
+EXPOSE 15053 9103
+HEALTHCHECK CMD ["/app/.venv/bin/onceflow", "health", "127.0.0.1:15053"]
 USER onceflow
 CMD ["/app/.venv/bin/onceflow-dedup"]
 
@@ -43,15 +43,15 @@ FROM base AS compute
 RUN apt-get update && apt-get install -y --no-install-recommends openjdk-17-jre-headless && rm -rf /var/lib/apt/lists/*
 RUN uv sync --locked --no-dev --package onceflow-compute
 ENV ONCEFLOW_COMPUTE_HOST=0.0.0.0
-EXPOSE 50054 9104
-HEALTHCHECK --start-period=60s CMD ["/app/.venv/bin/onceflow", "health", "127.0.0.1:50054"]
+EXPOSE 15054 9104
+HEALTHCHECK --start-period=60s CMD ["/app/.venv/bin/onceflow", "health", "127.0.0.1:15054"]
 USER onceflow
 CMD ["/app/.venv/bin/onceflow-compute"]
 
 FROM base AS sink
 RUN uv sync --locked --no-dev --package onceflow-sink
 ENV ONCEFLOW_SINK_HOST=0.0.0.0
-EXPOSE 50055 9105
-HEALTHCHECK CMD ["/app/.venv/bin/onceflow", "health", "127.0.0.1:50055"]
+EXPOSE 15055 9105
+HEALTHCHECK CMD ["/app/.venv/bin/onceflow", "health", "127.0.0.1:15055"]
 USER onceflow
 CMD ["/app/.venv/bin/onceflow-sink"]

@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.devex, pytest.mark.integration]
 
 ROOT = repo_root()
 TILT = ROOT / ".tools" / "bin" / "tilt"
-PIPELINE_PORTS = (50051, 50052, 50053, 50054, 50055)
+PIPELINE_PORTS = (15051, 15052, 15053, 15054, 15055)
 
 
 def tilt_ci(**env: str) -> subprocess.CompletedProcess[str]:

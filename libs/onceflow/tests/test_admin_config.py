@@ -42,8 +42,8 @@ def test_client_tls_from_options() -> None:
 def test_the_services_config(tmp_path: Path) -> None:
     shipped = fleet.load_endpoints(fleet.services_file())
     assert [(e.name, e.address) for e in shipped] == [
-        ("ingest", "127.0.0.1:50051"), ("acker", "127.0.0.1:50052"), ("dedup", "127.0.0.1:50053"),
-        ("compute", "127.0.0.1:50054"), ("sink", "127.0.0.1:50055"),
+        ("ingest", "127.0.0.1:15051"), ("acker", "127.0.0.1:15052"), ("dedup", "127.0.0.1:15053"),
+        ("compute", "127.0.0.1:15054"), ("sink", "127.0.0.1:15055"),
     ]
     broken = tmp_path / "services.toml"
     broken.write_text('[[service]]\nname = "acker"\n')

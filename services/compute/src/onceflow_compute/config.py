@@ -24,7 +24,7 @@ class ComputeSettings(BaseSettings):
     # A built-in job (wordcount, usersum, bigspend) or an importable module defining `job`.
     job: str = "usersum"
     host: str = "127.0.0.1"
-    port: int = Field(default=50054, ge=0, le=65535)
+    port: int = Field(default=15054, ge=0, le=65535)
     metrics_port: int = Field(default=9104, ge=0, le=65535)
     # Stable across restarts: the transactional ids derive from it.
     instance: str = "compute-0"

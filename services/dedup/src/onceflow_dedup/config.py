@@ -17,7 +17,7 @@ class DedupSettings(BaseSettings):
     common: CommonSettings = Field(default_factory=CommonSettings)
     loop: LoopSettings = Field(default_factory=LoopSettings)
     host: str = "127.0.0.1"
-    port: int = Field(default=50053, ge=0, le=65535)
+    port: int = Field(default=15053, ge=0, le=65535)
     metrics_port: int = Field(default=9103, ge=0, le=65535)
     # Stable across restarts: the transactional.id derives from it.
     instance: str = "dedup-0"

@@ -15,7 +15,7 @@ class IngestSettings(BaseSettings):
 
     common: CommonSettings = Field(default_factory=CommonSettings)
     host: str = "127.0.0.1"
-    port: int = Field(default=50051, ge=0, le=65535)
+    port: int = Field(default=15051, ge=0, le=65535)
     metrics_port: int = Field(default=9101, ge=0, le=65535)
     # Stable across restarts: the transactional.id derives from it, so a restarted instance
     # fences its own zombie.

@@ -14,7 +14,7 @@ class SinkSettings(BaseSettings):
     common: CommonSettings = Field(default_factory=CommonSettings)
     loop: LoopSettings = Field(default_factory=LoopSettings)
     host: str = "127.0.0.1"
-    port: int = Field(default=50055, ge=0, le=65535)
+    port: int = Field(default=15055, ge=0, le=65535)
     metrics_port: int = Field(default=9105, ge=0, le=65535)
     # Stable across restarts: the transactional.id derives from it.
     instance: str = "sink-0"

@@ -43,7 +43,7 @@ def _text(value: bytes) -> str:
 def get(
     job: Annotated[str, typer.Argument(help="The job whose table to read.")],
     key: Annotated[str, typer.Argument(help="The row key.")],
-    address: Address = "127.0.0.1:50055",
+    address: Address = "127.0.0.1:15055",
     as_json: Json = False,
     tls_ca: TlsCa = "",
     tls_cert: TlsCert = "",
@@ -68,7 +68,7 @@ def scan(
     prefix: Annotated[str, typer.Option(help="Only keys starting with this.")] = "",
     limit: Annotated[int, typer.Option(min=1, help="At most this many rows.")] = 100,
     every: Annotated[bool, typer.Option("--all", help="Every row, page by page (limit is ignored).")] = False,
-    address: Address = "127.0.0.1:50055",
+    address: Address = "127.0.0.1:15055",
     as_json: Json = False,
     tls_ca: TlsCa = "",
     tls_cert: TlsCert = "",
