@@ -37,8 +37,10 @@ from onceflow.kafka import clients
 from onceflow.kafka.inspect import end_offsets, partitions_of
 from onceflow.process import ServiceProcess, free_port
 from onceflow.state import MemoryStore
+from onceflow.topology import Topic
 from onceflow.v1 import acker_pb2, acker_pb2_grpc
 from onceflow.v1.acker_pb2 import AckerBatch, AckerMessage, RecordRef
+
 from onceflow_acker.trees import Tree
 
 console = Console(width=160)
@@ -177,7 +179,7 @@ def main(
     prefix = f"bench{uuid.uuid4().hex[:6]}."
     common = CommonSettings(topic_prefix=prefix)
     ensure_topics(common.kafka_bootstrap, prefix=prefix)
-    topic = common.topic(acks.ACKS_TOPIC)
+    topic = common.topic(Topic.ACKER_ACKS)
     total = trees * 3
     port = free_port()
     acker = ServiceProcess(
@@ -211,7 +213,7 @@ def main(
         assert stats.completed == trees and stats.pending == 0, stats
         # Trees whose INIT and last ACK fell into different acker transactions cost a
         # changelog write and a tombstone: the main source of run-to-run spread.
-        changelog = end_offsets(common, common.topic("acker.changelog"))
+        changelog = end_offsets(common, common.topic(Topic.ACKER_CHANGELOG))
         result["changelog_records"] = sum(high for _lso, high in changelog.values())
         console.print(f"acker: {acker_rps:,.0f} acks/s; {result['changelog_records']:,} changelog records written")
         result |= {"acks": total, "trees_per_batch": trees_per_batch, "acker_acks_per_s": acker_rps, "plain_consume_per_s": plain_rps,

@@ -45,8 +45,10 @@ from onceflow.codec import encode_envelope, new_id, now_ms
 from onceflow.config import CommonSettings
 from onceflow.infra import stack
 from onceflow.infra.topics import delete_topics, ensure_topics
+from onceflow.topology import Topic
 from onceflow.txn.batch import Batch
 from onceflow.v1.envelope_pb2 import Envelope
+
 from onceflow_compute.api import METADATA_COLUMNS
 from onceflow_compute.config import ComputeSettings, EngineName
 from onceflow_compute.engines import Engine
@@ -67,7 +69,7 @@ def _payload(rng: random.Random, users: int) -> tuple[str, bytes]:
 def _produce(common: CommonSettings, records: int, users: int, seed: int = 1) -> None:
     rng = random.Random(seed)
     producer = Producer({"bootstrap.servers": common.kafka_bootstrap, "enable.idempotence": True, "linger.ms": 5})
-    topic = common.topic("dedup.records")
+    topic = common.topic(Topic.DEDUP_RECORDS)
     for index in range(records):
         user, payload = _payload(rng, users)
         envelope = Envelope(

@@ -32,8 +32,10 @@ from onceflow.infra import stack
 from onceflow.infra.topics import delete_topics, ensure_topics
 from onceflow.process import ServiceProcess, free_port
 from onceflow.redis_client import connect, delete_prefix
+from onceflow.topology import Topic
 from onceflow.v1 import dedup_pb2, dedup_pb2_grpc
 from onceflow.v1.envelope_pb2 import Envelope
+
 from onceflow_dedup import store as exact
 
 console = Console(width=160)
@@ -54,7 +56,7 @@ def _workload(records: int, duplicate_share: float, seed: int = 1) -> list[str]:
 
 def _produce(common: CommonSettings, record_ids: list[str]) -> None:
     producer = Producer({"bootstrap.servers": common.kafka_bootstrap, "enable.idempotence": True, "linger.ms": 5})
-    topic = common.topic("ingest.records")
+    topic = common.topic(Topic.INGEST_RECORDS)
     for record_id in record_ids:
         envelope = Envelope(
             record_id=record_id, root_id=new_id(), edge_id=new_id(), attempt=1, event_time_ms=now_ms(),

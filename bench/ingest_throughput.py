@@ -39,6 +39,7 @@ from onceflow.config import CommonSettings, repo_root
 from onceflow.infra import stack
 from onceflow.infra.topics import delete_topics, ensure_topics
 from onceflow.process import ServiceProcess, free_port
+from onceflow.topology import Topic
 from onceflow.v1.envelope_pb2 import Envelope
 from onceflow.v1.ingest_pb2 import IngestRecord
 
@@ -110,7 +111,7 @@ def main(
     prefix = f"bench{uuid.uuid4().hex[:6]}."
     common = CommonSettings(topic_prefix=prefix)
     ensure_topics(common.kafka_bootstrap, prefix=prefix)
-    topic = common.topic("ingest.records")
+    topic = common.topic(Topic.INGEST_RECORDS)
     port = free_port()
     ingest = ServiceProcess(
         "ingest", "onceflow_ingest",

@@ -34,19 +34,21 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from compute_throughput import percentile
 from confluent_kafka import Producer
 from rich.console import Console
 from rich.table import Table
 
-from compute_throughput import percentile
 from onceflow.codec import decode_envelope, encode_envelope, new_id, now_ms
 from onceflow.config import CommonSettings
 from onceflow.infra import stack
 from onceflow.infra.topics import delete_topics, ensure_topics
 from onceflow.kafka.inspect import consumed_everything
+from onceflow.topology import Topic
 from onceflow.txn.batch import Batch
 from onceflow.v1.envelope_pb2 import Envelope
 from onceflow.workloads import nexmark
+
 from onceflow_compute.config import ComputeSettings
 from onceflow_compute.service import build
 
@@ -108,7 +110,7 @@ def _send(producer: Producer, topic: str, e: nexmark.Event, value: bytes) -> Non
 def _backlog(common: CommonSettings, events: int, event_rate: int) -> int:
     """``events`` Nexmark events, event time ending now; returns the last event time."""
     config = nexmark.NexmarkConfig(events=events, rate=event_rate, base_time_ms=now_ms() - events * 1000 // event_rate)
-    producer, topic = _producer(common), common.topic("dedup.records")
+    producer, topic = _producer(common), common.topic(Topic.DEDUP_RECORDS)
     last = 0
     for e in nexmark.events(config):
         _send(producer, topic, e, _envelope(e, str(e.number), now_ms()))
@@ -120,7 +122,7 @@ def _backlog(common: CommonSettings, events: int, event_rate: int) -> int:
 def _paced(common: CommonSettings, rate: float, seconds: float, first: int, event_rate: int) -> int:
     """Events at ``rate`` per second for ``seconds``, event time = send time; returns how many."""
     config = nexmark.NexmarkConfig(events=first + int(rate * seconds) + 1, rate=event_rate)
-    producer, topic = _producer(common), common.topic("dedup.records")
+    producer, topic = _producer(common), common.topic(Topic.DEDUP_RECORDS)
     started = time.monotonic()
     sent = 0
     while (elapsed := time.monotonic() - started) < seconds:

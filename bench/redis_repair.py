@@ -35,8 +35,10 @@ from onceflow.infra.topics import delete_topics, ensure_topics, load_specs
 from onceflow.process import ServiceProcess, free_port
 from onceflow.redis_client import connect, delete_prefix
 from onceflow.state.stores import PartitionStores
+from onceflow.topology import Topic
 from onceflow.v1.results_pb2 import ResultChange
 from onceflow.verify import redis_faults
+
 from onceflow_dedup.buckets import BucketSpec
 from onceflow_dedup.store import DedupStore
 from onceflow_sink.tables import ResultTables
@@ -93,11 +95,11 @@ def dedup_repair(ids: int) -> dict[str, float]:
     try:
         with console.status(f"writing {ids:,} ids to dedup.changelog"):
             _produce(
-                common, common.topic("dedup.changelog"),
+                common, common.topic(Topic.DEDUP_CHANGELOG),
                 [(f"id-{i:09d}".encode(), str(60_000 * (i % BUCKETS)).encode()) for i in range(ids)], partition=0,
             )
         stores = PartitionStores(
-            common, common.topic("dedup.changelog"), lambda p: DedupStore(client, prefix, p, spec), service="bench",
+            common, common.topic(Topic.DEDUP_CHANGELOG), lambda p: DedupStore(client, prefix, p, spec), service="bench",
         )
         with console.status("first restore (assignment)"):
             started = time.perf_counter()
@@ -127,7 +129,7 @@ def sink_repair(rows: int) -> dict[str, float]:
     expected = {f"row-{i:08d}".encode(): f"value-{i}".encode() for i in range(rows)}
     with console.status(f"writing {rows:,} rows to compute.results"):
         _produce(
-            common, common.topic("compute.results"),
+            common, common.topic(Topic.COMPUTE_RESULTS),
             [
                 (f"{JOB}\x00{key.decode()}".encode(), ResultChange(job=JOB, key=key.decode(), op=ResultChange.UPSERT, value=value).SerializeToString())
                 for key, value in expected.items()
@@ -148,7 +150,7 @@ def sink_repair(rows: int) -> dict[str, float]:
             sink.wait_healthy(f"127.0.0.1:{port}")
         assert tables.table(JOB) == expected, "the first fill differs"
         # Only a partition that holds rows has a replay to log (one with none has nothing to replay).
-        partitions = next(spec.partitions for spec in load_specs() if spec.name == "compute.results")
+        partitions = next(spec.partitions for spec in load_specs() if spec.name == Topic.COMPUTE_RESULTS)
         filled = {p for p in range(partitions) if client.hget(tables.meta_key(p), "offset") is not None}
         redis_faults.flush(client, prefix)
         with console.status("flushed: until the table is whole again"):

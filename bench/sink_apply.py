@@ -30,7 +30,9 @@ from onceflow.infra.topics import delete_topics, ensure_topics
 from onceflow.process import ServiceProcess, free_port
 from onceflow.redis_client import connect, delete_prefix
 from onceflow.state.redis_store import UNCHECKED, expect
+from onceflow.topology import Topic
 from onceflow.v1.results_pb2 import ResultChange
+
 from onceflow_sink.tables import Change, Outcome, ResultTables
 
 console = Console(width=140)
@@ -90,7 +92,7 @@ def _service_rate(changes: int) -> float:
                                op=ResultChange.UPSERT if change.op == "+" else ResultChange.RETRACT)
         while True:
             try:
-                producer.produce(common.topic("compute.results"), message.SerializeToString(), key=change.key.encode())
+                producer.produce(common.topic(Topic.COMPUTE_RESULTS), message.SerializeToString(), key=change.key.encode())
                 break
             except BufferError:
                 producer.poll(0.05)

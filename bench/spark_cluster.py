@@ -47,6 +47,7 @@ from onceflow.infra.settings import InfraSettings
 from onceflow.infra.topics import delete_topics, ensure_topics
 from onceflow.kafka.inspect import committed_offsets, consumed_everything
 from onceflow.process import ServiceProcess, free_port
+from onceflow.topology import Topic
 from onceflow.v1 import compute_pb2, compute_pb2_grpc
 from onceflow.v1.envelope_pb2 import Envelope
 
@@ -70,7 +71,7 @@ class Setup:
 def _produce(common: CommonSettings, records: int, users: int = 1_000, seed: int = 1) -> None:
     rng = random.Random(seed)
     producer = Producer({"bootstrap.servers": common.kafka_bootstrap, "enable.idempotence": True, "linger.ms": 5})
-    topic = common.topic("dedup.records")
+    topic = common.topic(Topic.DEDUP_RECORDS)
     for index in range(records):
         user = f"u{rng.randrange(users)}"
         envelope = Envelope(
@@ -88,7 +89,7 @@ def _produce(common: CommonSettings, records: int, users: int = 1_000, seed: int
 
 
 def _committed(common: CommonSettings, group: str) -> int:
-    return sum(max(offset, 0) for offset in committed_offsets(common, group, common.topic("dedup.records")).values())
+    return sum(max(offset, 0) for offset in committed_offsets(common, group, common.topic(Topic.DEDUP_RECORDS)).values())
 
 
 def _run(setup: Setup, records: int, batch: int, log_dir: Path) -> Setup:
@@ -117,7 +118,7 @@ def _run(setup: Setup, records: int, batch: int, log_dir: Path) -> Setup:
             done = _committed(common, group)
             if done:
                 points.append((time.monotonic(), done))
-            if done >= records and consumed_everything(common, group, common.topic("dedup.records")):
+            if done >= records and consumed_everything(common, group, common.topic(Topic.DEDUP_RECORDS)):
                 break
             if not all(worker.alive() for worker in workers):
                 raise RuntimeError(f"{setup.name}: a worker exited; see {log_dir}")

@@ -15,6 +15,7 @@ import grpc
 import pytest
 
 from onceflow.client import IngestClient, RetryPolicy
+from onceflow.topology import Topic
 from onceflow.v1 import acker_pb2, acker_pb2_grpc, admin_pb2, admin_pb2_grpc, ingest_pb2, ingest_pb2_grpc
 from onceflow.v1.acker_pb2 import TreeEvent
 from onceflow.v1.envelope_pb2 import DeadLetter
@@ -68,7 +69,7 @@ class Deployment:
                 assert proc.terminate() == 0, proc.log_tail()
 
     def events(self) -> list[TreeEvent]:
-        return [TreeEvent.FromString(r.value) for r in checker.read_committed(self.pipe.common, self.pipe.topic("acker.events"))]
+        return [TreeEvent.FromString(r.value) for r in checker.read_committed(self.pipe.common, self.pipe.topic(Topic.ACKER_EVENTS))]
 
 
 def _send(address: str, batch: list, size: int = 500, pause_s: float = 0.0) -> None:
@@ -126,7 +127,7 @@ def test_acker_killed_three_times_still_decides_every_tree_once(pipeline: Pipeli
     sender.join(180)
     _wait_all_completed(deploy, len(batch))
     _completed_once(deploy.events(), [i.record_id for i in batch])
-    assert checker.hanging_transactions(pipeline.common, [pipeline.topic("acker.events")], wait_s=30) == {}
+    assert checker.hanging_transactions(pipeline.common, [pipeline.topic(Topic.ACKER_EVENTS)], wait_s=30) == {}
     deploy.stop()
 
 
@@ -206,7 +207,7 @@ def test_without_attempts_left_dropped_records_land_in_the_dlq(pipeline: Pipelin
     batch = items("dlq", 3000)
     lost = {i.record_id for i in batch if dropped(i.record_id, 10)}
     _send(deploy.address, batch, size=250, pause_s=0.05)
-    dlq = pipeline.topic("ingest.dlq")
+    dlq = pipeline.topic(Topic.INGEST_DLQ)
     eventually(lambda: len(checker.read_committed(pipeline.common, dlq)) >= len(lost), 90, "dead letters")
     time.sleep(2.0)  # anything extra would be a duplicate: give it the chance to show up
     letters = [DeadLetter.FromString(r.value) for r in checker.read_committed(pipeline.common, dlq)]

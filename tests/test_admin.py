@@ -24,12 +24,21 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from onceflow.admin import ClientTLS, channel, fleet
 from onceflow.client import IngestClient
 from onceflow.config import CommonSettings
+from onceflow.infra.certs import CertAuthority
 from onceflow.infra.topics import delete_topics, ensure_topics
 from onceflow.kafka.inspect import consumed_everything
-from onceflow.v1 import acker_pb2, acker_pb2_grpc, admin_pb2, admin_pb2_grpc, dedup_pb2, dedup_pb2_grpc
-from onceflow.v1 import ingest_pb2, ingest_pb2_grpc
+from onceflow.topology import Topic
+from onceflow.v1 import (
+    acker_pb2,
+    acker_pb2_grpc,
+    admin_pb2,
+    admin_pb2_grpc,
+    dedup_pb2,
+    dedup_pb2_grpc,
+    ingest_pb2,
+    ingest_pb2_grpc,
+)
 from tests.conftest import Pipeline, eventually, free_port
-from onceflow.infra.certs import CertAuthority
 from tests.harness.process import ServiceProcess
 from tests.harness.workload import ingest_records, items
 
@@ -78,7 +87,7 @@ def stack(infra: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sta
         with IngestClient(addresses["ingest"]) as client:
             assert client.ingest(ingest_records(RECORDS)).accepted == len(RECORDS)
         eventually(
-            lambda: consumed_everything(common, common.topic("onceflow-dedup"), common.topic("ingest.records")),
+            lambda: consumed_everything(common, common.topic("onceflow-dedup"), common.topic(Topic.INGEST_RECORDS)),
             120, "the gate to pass the records", interval_s=0.5,
         )
         yield Stack(pipe, processes, addresses)
@@ -120,10 +129,10 @@ def test_status_reports_each_service(stack: Stack) -> None:
     gate = eventually(lambda: (g := _status(stack, "dedup")).partitions and not sum(p.lag for p in g.partitions) and g,
                       10, "the gate to report its partitions caught up", 0.2)
     assert sorted(p.partition for p in gate.partitions) == [0, 1, 2, 3]
-    assert {p.topic for p in gate.partitions} == {stack.pipe.topic("ingest.records")}
+    assert {p.topic for p in gate.partitions} == {stack.pipe.topic(Topic.INGEST_RECORDS)}
     assert gate.records_in >= len(RECORDS) and gate.gauges["passed"] == len(RECORDS)
     acker = eventually(lambda: (a := _status(stack, "acker")).partitions and a, 10, "the acker's partitions", 0.2)
-    assert {p.topic for p in acker.partitions} == {stack.pipe.topic("acker.acks")}
+    assert {p.topic for p in acker.partitions} == {stack.pipe.topic(Topic.ACKER_ACKS)}
     assert acker.records_in > 0 and acker.transactions_committed > 0
 
 
@@ -157,7 +166,7 @@ def test_pause_resume_drain_with_the_token(stack: Stack) -> None:
         assert client.ingest(ingest_records(items("resumed", 10))).accepted == 10
     common = stack.pipe.common
     eventually(
-        lambda: consumed_everything(common, common.topic("onceflow-dedup"), common.topic("ingest.records")),
+        lambda: consumed_everything(common, common.topic("onceflow-dedup"), common.topic(Topic.INGEST_RECORDS)),
         60, "the resumed gate to pass the new records",
     )
 

@@ -24,14 +24,16 @@ from confluent_kafka import Producer
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from onceflow.codec import encode_envelope, new_id, now_ms
+from onceflow.topology import Topic
 from onceflow.txn.loop import EXIT_FENCED
 from onceflow.v1 import compute_pb2, compute_pb2_grpc
 from onceflow.v1.envelope_pb2 import DeadLetter, Envelope
-from onceflow_compute.batch import run_batch, spark_engine
-from onceflow_compute.engines import SparkEngine
 from tests.conftest import SHORT_LIVED_COMPUTE, Pipeline, eventually, free_port
 from tests.harness import checker
 from tests.harness.process import ServiceProcess
+
+from onceflow_compute.batch import run_batch, spark_engine
+from onceflow_compute.engines import SparkEngine
 
 pytestmark = [pytest.mark.compute, pytest.mark.integration]
 
@@ -98,7 +100,7 @@ def produce(pipe: Pipeline, inputs: list[Input], chunks: int = 1, pause_s: float
                 record_id=item.record_id, root_id=new_id(), edge_id=new_id(), attempt=1, event_time_ms=now_ms(),
                 ingest_time_ms=now_ms(), key=item.key, payload=item.payload,
             )
-            producer.produce(pipe.topic("dedup.records"), encode_envelope(envelope), key=item.key)
+            producer.produce(pipe.topic(Topic.DEDUP_RECORDS), encode_envelope(envelope), key=item.key)
         assert producer.flush(30) == 0
         time.sleep(pause_s)
 
@@ -115,9 +117,9 @@ def worker(pipe: Pipeline, job: str, instance: str, **env: str) -> ServiceProces
 
 def wait_consumed(pipe: Pipeline, job: str, timeout_s: float = 240, merge: bool = True) -> None:
     """Until both hops' groups (a transform: its map hop's) committed past every record of their input."""
-    groups = [(f"{pipe.common.topic_prefix}onceflow-compute-{job}-map", pipe.topic("dedup.records"))]
+    groups = [(f"{pipe.common.topic_prefix}onceflow-compute-{job}-map", pipe.topic(Topic.DEDUP_RECORDS))]
     if merge:
-        groups.append((f"{pipe.common.topic_prefix}onceflow-compute-{job}-merge", pipe.topic("compute.partials")))
+        groups.append((f"{pipe.common.topic_prefix}onceflow-compute-{job}-merge", pipe.topic(Topic.COMPUTE_PARTIALS)))
 
     def done() -> bool:
         # The merge hop's input only stops growing once the map hop is done: check in order.
@@ -127,17 +129,17 @@ def wait_consumed(pipe: Pipeline, job: str, timeout_s: float = 240, merge: bool 
 
 
 def check_exact(pipe: Pipeline, job: str, inputs: list[Input], expected: dict[str, dict]) -> None:
-    fold = checker.fold_results(checker.read_committed(pipe.common, pipe.topic("compute.results")), job)
+    fold = checker.fold_results(checker.read_committed(pipe.common, pipe.topic(Topic.COMPUTE_RESULTS)), job)
     assert not fold.problems, fold.problems[:10]
     table = {key: json.loads(row) for key, row in fold.table.items()}
     assert table == expected
     assert len(table) > 50 and fold.changes > len(table)  # a real table, built over many batches
-    letters = [DeadLetter.FromString(r.value) for r in checker.read_committed(pipe.common, pipe.topic("compute.dlq"))]
+    letters = [DeadLetter.FromString(r.value) for r in checker.read_committed(pipe.common, pipe.topic(Topic.COMPUTE_DLQ))]
     dead = sorted(checker.record_id_of_bytes(letter.original) for letter in letters)
     assert dead == sorted(i.record_id for i in inputs if not i.valid)
     assert all(letter.message for letter in letters)
     hanging = checker.hanging_transactions(
-        pipe.common, [pipe.topic(t) for t in ("compute.partials", "compute.results", "compute.changelog")], wait_s=30
+        pipe.common, [pipe.topic(t) for t in (Topic.COMPUTE_PARTIALS, Topic.COMPUTE_RESULTS, Topic.COMPUTE_CHANGELOG)], wait_s=30
     )
     assert not hanging, hanging
 
@@ -254,7 +256,7 @@ def test_records_a_job_raises_on_are_dead_lettered_alone_and_admin_reports_the_j
     proc.wait_healthy(address, timeout_s=120)
     produce(pipeline, inputs)
     wait_consumed(pipeline, "picky")
-    fold = checker.fold_results(checker.read_committed(pipeline.common, pipeline.topic("compute.results")), "picky")
+    fold = checker.fold_results(checker.read_committed(pipeline.common, pipeline.topic(Topic.COMPUTE_RESULTS)), "picky")
     assert not fold.problems, fold.problems[:5]
     valid = [json.loads(i.payload) for i in inputs if i.valid]
     expected = {}
@@ -263,7 +265,7 @@ def test_records_a_job_raises_on_are_dead_lettered_alone_and_admin_reports_the_j
         current["total"] += row["amount"]
         current["count"] += 1
     assert {k: json.loads(v) for k, v in fold.table.items()} == expected
-    letters = [DeadLetter.FromString(r.value) for r in checker.read_committed(pipeline.common, pipeline.topic("compute.dlq"))]
+    letters = [DeadLetter.FromString(r.value) for r in checker.read_committed(pipeline.common, pipeline.topic(Topic.COMPUTE_DLQ))]
     assert sorted(checker.record_id_of_bytes(x.original) for x in letters) == sorted(f"pk-3-{i}" for i in unlucky)
     assert all("13 is an unlucky amount" in x.message for x in letters), letters[0].message
 
@@ -302,6 +304,6 @@ def test_a_job_failing_on_whole_batches_backs_off_unhealthy_and_commits_nothing(
     assert "failed on all" in stats.last_error or "could not be isolated within 64 engine runs" in stats.last_error
     proc.wait_log("in a row); retrying from committed offsets in 2.0s", 60)  # the backoff doubles
     assert stats.records_in == 0
-    assert not checker.read_committed(pipeline.common, pipeline.topic("compute.dlq"), timeout_s=5)
-    assert not checker.read_committed(pipeline.common, pipeline.topic("compute.partials"), timeout_s=5)
+    assert not checker.read_committed(pipeline.common, pipeline.topic(Topic.COMPUTE_DLQ), timeout_s=5)
+    assert not checker.read_committed(pipeline.common, pipeline.topic(Topic.COMPUTE_PARTIALS), timeout_s=5)
     assert proc.terminate() == 0, proc.log_tail()

@@ -27,15 +27,17 @@ import pytest
 from confluent_kafka import Producer
 
 from onceflow.codec import encode_envelope, new_id, now_ms
+from onceflow.topology import Topic
 from onceflow.v1.envelope_pb2 import DeadLetter, Envelope
 from onceflow.workloads import nexmark
-from onceflow_compute.batch import run_batch, spark_engine
-from onceflow_compute.dataflow.windows import Hopping, Tumbling, WindowFn
-from onceflow_compute.jobs import load_job
 from tests.conftest import Pipeline
 from tests.harness import checker
 from tests.nexmark_answers import ANSWERS
 from tests.test_compute import wait_consumed, worker
+
+from onceflow_compute.batch import run_batch, spark_engine
+from onceflow_compute.dataflow.windows import Hopping, Tumbling, WindowFn
+from onceflow_compute.jobs import load_job
 
 pytestmark = [pytest.mark.dataflow, pytest.mark.integration]
 
@@ -107,7 +109,7 @@ def produce(pipe: Pipeline, events: list[nexmark.Event], chunks: int, pause_s: f
                 record_id=f"nx:{e.number}", root_id=new_id(), edge_id=new_id(), attempt=1, event_time_ms=e.time_ms,
                 ingest_time_ms=now_ms(), key=e.key.encode(), payload=e.payload(),
             )
-            producer.produce(pipe.topic("dedup.records"), encode_envelope(envelope), key=e.key.encode(), partition=partition_of(e))
+            producer.produce(pipe.topic(Topic.DEDUP_RECORDS), encode_envelope(envelope), key=e.key.encode(), partition=partition_of(e))
         assert producer.flush(30) == 0
         time.sleep(pause_s)
 
@@ -206,26 +208,26 @@ def test_nexmark_queries_stay_exact_through_kill9s_and_a_rebalance(pipeline: Pip
     produce(pipeline, tail, 1, 0.0)
     for q in queries:
         wait_consumed(pipeline, q, merge=stateful[q])
-    letters = [DeadLetter.FromString(r.value) for r in checker.read_committed(pipeline.common, pipeline.topic("compute.late"))]
+    letters = [DeadLetter.FromString(r.value) for r in checker.read_committed(pipeline.common, pipeline.topic(Topic.COMPUTE_LATE))]
     for q in queries:
         late_ids = Counter(checker.record_id_of_bytes(x.original) for x in letters if x.message.startswith(f"late: job {q}: "))
         assert late_ids == Counter(f"nx:{n}" for n in late_numbers(q)), q  # each late record once, only those
     assert len(letters) == sum(len(late_numbers(q)) for q in queries)
-    assert not checker.read_committed(pipeline.common, pipeline.topic("compute.dlq"), timeout_s=5)
+    assert not checker.read_committed(pipeline.common, pipeline.topic(Topic.COMPUTE_DLQ), timeout_s=5)
 
-    results = checker.read_committed(pipeline.common, pipeline.topic("compute.results"))
+    results = checker.read_committed(pipeline.common, pipeline.topic(Topic.COMPUTE_RESULTS))
     deadline = time.monotonic() + 120
     for q in queries:
         expected = ANSWERS[q](on_time(q))
         while (table := folded(results, q)) != expected and time.monotonic() < deadline:
             time.sleep(3.0)  # the last heartbeats' watermark reaches the merge tasks
-            results = checker.read_committed(pipeline.common, pipeline.topic("compute.results"))
+            results = checker.read_committed(pipeline.common, pipeline.topic(Topic.COMPUTE_RESULTS))
         missing, extra = expected.keys() - table.keys(), table.keys() - expected.keys()
         wrong = {k for k in expected.keys() & table.keys() if table[k] != expected[k]}
         assert table == expected, (q, len(missing), len(extra), len(wrong), sorted(wrong)[:3], sorted(missing)[:3])
         assert expected
     hanging = checker.hanging_transactions(
-        pipeline.common, [pipeline.topic(t) for t in ("compute.partials", "compute.results", "compute.late")], wait_s=30
+        pipeline.common, [pipeline.topic(t) for t in (Topic.COMPUTE_PARTIALS, Topic.COMPUTE_RESULTS, Topic.COMPUTE_LATE)], wait_s=30
     )
     assert not hanging, hanging
     for q in queries:

@@ -21,16 +21,18 @@ from onceflow.client import IngestClient, RetryPolicy
 from onceflow.codec import decode_envelope
 from onceflow.kafka.inspect import consumed_everything
 from onceflow.redis_client import connect
+from onceflow.topology import Topic
 from onceflow.txn.errors import EXIT_RESTART
 from onceflow.txn.loop import EXIT_FENCED
 from onceflow.v1 import dedup_pb2, dedup_pb2_grpc
 from onceflow.v1.acker_pb2 import RecordRef, TreeEvent
 from onceflow.v1.envelope_pb2 import DeadLetter
-from onceflow_dedup import store as exact
 from tests.conftest import Pipeline, eventually, free_port
 from tests.harness import checker
 from tests.harness.process import ServiceProcess
 from tests.harness.workload import Item, ingest_records, items
+
+from onceflow_dedup import store as exact
 
 pytestmark = [pytest.mark.dedup, pytest.mark.integration]
 
@@ -110,35 +112,35 @@ def inject_timeouts(pipe: Pipeline, record_ids: set[str]) -> int:
     """Make ingest replay these records: the TIMED_OUT decisions the acker would publish for
     their first trees. Ingest reads each original back by offset and re-sends it as attempt 2."""
     events = []
-    for record in checker.read_committed(pipe.common, pipe.topic("ingest.records")):
+    for record in checker.read_committed(pipe.common, pipe.topic(Topic.INGEST_RECORDS)):
         envelope = decode_envelope(record.value)
         if envelope.record_id in record_ids and envelope.attempt == 1:
-            origin = RecordRef(record_id=envelope.record_id, topic=pipe.topic("ingest.records"),
+            origin = RecordRef(record_id=envelope.record_id, topic=pipe.topic(Topic.INGEST_RECORDS),
                                partition=record.partition, offset=record.offset)
             events.append(TreeEvent(root_id=envelope.root_id, outcome=TreeEvent.TIMED_OUT, origin=origin,
                                     attempt=1, reason="injected by the test"))
             record_ids.discard(envelope.record_id)  # one replay per record, even if retried
     producer = Producer({"bootstrap.servers": pipe.common.kafka_bootstrap, "enable.idempotence": True})
     for event in events:
-        producer.produce(pipe.topic("acker.events"), event.SerializeToString(), key=event.root_id.to_bytes(8, "big"))
+        producer.produce(pipe.topic(Topic.ACKER_EVENTS), event.SerializeToString(), key=event.root_id.to_bytes(8, "big"))
     assert producer.flush(30) == 0
     return len(events)
 
 
 def wait_gate_caught_up(pipe: Pipeline, timeout_s: float = 240) -> None:
     eventually(
-        lambda: consumed_everything(pipe.common, pipe.topic(GROUP), pipe.topic("ingest.records")),
+        lambda: consumed_everything(pipe.common, pipe.topic(GROUP), pipe.topic(Topic.INGEST_RECORDS)),
         timeout_s, "the gate to commit past the last record of ingest.records", interval_s=2.0,
     )
 
 
 def check_exactly_once_and_converged(pipe: Pipeline, expected: list[str]) -> None:
-    outputs = checker.read_committed(pipe.common, pipe.topic("dedup.records"))
+    outputs = checker.read_committed(pipe.common, pipe.topic(Topic.DEDUP_RECORDS))
     checker.DeliveryReport.of(outputs, expected).assert_exactly_once()
-    topics = [pipe.topic(t) for t in ("dedup.records", "dedup.changelog", "dedup.dlq", "ingest.records")]
+    topics = [pipe.topic(t) for t in (Topic.DEDUP_RECORDS, Topic.DEDUP_CHANGELOG, Topic.DEDUP_DLQ, Topic.INGEST_RECORDS)]
     assert checker.hanging_transactions(pipe.common, topics, wait_s=30) == {}
     # Redis (written after each commit, caught up on restore) equals the changelog's table.
-    changelog = checker.latest_by_key(checker.read_committed(pipe.common, pipe.topic("dedup.changelog")))
+    changelog = checker.latest_by_key(checker.read_committed(pipe.common, pipe.topic(Topic.DEDUP_CHANGELOG)))
     client = connect(pipe.common.redis_url)
     for partition in range(4):
         keys = exact.StoreKeys.of(pipe.common.topic_prefix, partition)
@@ -156,7 +158,7 @@ def arrived_copies(pipe: Pipeline) -> tuple[Counter[str], int]:
     """How many copies of each id reached the gate, and how many were ingest replays."""
     copies: Counter[str] = Counter()
     replays = 0
-    for record in checker.read_committed(pipe.common, pipe.topic("ingest.records")):
+    for record in checker.read_committed(pipe.common, pipe.topic(Topic.INGEST_RECORDS)):
         envelope = decode_envelope(record.value)
         copies[envelope.record_id] += 1
         replays += envelope.attempt > 1
@@ -239,12 +241,12 @@ def test_poison_goes_to_the_dlq_with_the_reason_and_nothing_else_is_lost(pipelin
     deploy = Deployment(pipeline)
     _gate, address = deploy.start()
     producer = Producer({"bootstrap.servers": pipeline.common.kafka_bootstrap})
-    producer.produce(pipeline.topic("ingest.records"), b"\x08\x96\x01not an envelope", key=b"poison")
+    producer.produce(pipeline.topic(Topic.INGEST_RECORDS), b"\x08\x96\x01not an envelope", key=b"poison")
     assert producer.flush(10) == 0
     batch = items("after-poison", 2_000)
     send_with_client_retries(deploy.ingest_address, batch, batch[:100], 500, 0.0)
     wait_gate_caught_up(pipeline)
-    letters = [DeadLetter.FromString(r.value) for r in checker.read_committed(pipeline.common, pipeline.topic("dedup.dlq"))]
+    letters = [DeadLetter.FromString(r.value) for r in checker.read_committed(pipeline.common, pipeline.topic(Topic.DEDUP_DLQ))]
     assert len(letters) == 1
     assert letters[0].stage == "dedup" and "not an Envelope" in letters[0].message
     assert letters[0].original == b"\x08\x96\x01not an envelope"
@@ -276,6 +278,6 @@ def test_poison_goes_to_the_dlq_with_the_reason_and_nothing_else_is_lost(pipelin
     # Forgotten means re-drivable: the same id passes the gate once more.
     send_with_client_retries(deploy.ingest_address, batch[:1], [], 1, 0.0)
     wait_gate_caught_up(pipeline)
-    outputs = checker.read_committed(pipeline.common, pipeline.topic("dedup.records"))
+    outputs = checker.read_committed(pipeline.common, pipeline.topic(Topic.DEDUP_RECORDS))
     assert Counter(checker.record_id(r) for r in outputs)[batch[0].record_id] == 2
     deploy.stop()

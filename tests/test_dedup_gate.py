@@ -13,10 +13,12 @@ from confluent_kafka import Message
 from onceflow.codec import decode_envelope, encode_envelope, new_id
 from onceflow.config import CommonSettings
 from onceflow.redis_client import connect, delete_prefix
+from onceflow.topology import Topic
 from onceflow.txn.batch import Batch
 from onceflow.txn.errors import FencedError
 from onceflow.v1.acker_pb2 import AckerBatch, AckerMessage
 from onceflow.v1.envelope_pb2 import DeadLetter, Envelope
+
 from onceflow_dedup import store as exact
 from onceflow_dedup.buckets import BucketSpec
 from onceflow_dedup.gate import AckMode, DedupGate, ForgetRequest
@@ -62,14 +64,14 @@ def envelope(record_id: str, ingest_time_ms: int, key: bytes = b"") -> Envelope:
 
 
 def message(value: bytes, partition: int = 0, offset: int = 0) -> Message:
-    return Message(topic="ingest.records", partition=partition, offset=offset, key=b"k", value=value)
+    return Message(topic=Topic.INGEST_RECORDS, partition=partition, offset=offset, key=b"k", value=value)
 
 
 class Harness:
     def __init__(self, client: redis.Redis, prefix: str, ack_mode: AckMode = AckMode.FORWARD, use_filters: bool = True) -> None:
         self.client = client
         self.prefix = prefix
-        self.gate = DedupGate("dedup.records", ack_mode, rekey=True)
+        self.gate = DedupGate(Topic.DEDUP_RECORDS, ack_mode, rekey=True)
         self.stores = Stores({0: exact.DedupStore(client, prefix, 0, SPEC, use_filters=use_filters)})
         self.offset = 0
 
@@ -79,7 +81,7 @@ class Harness:
             value = item if isinstance(item, bytes) else encode_envelope(item)
             records.append(message(value, offset=self.offset))
             self.offset += 1
-        batch = Batch(records, self.stores, "dedup.dlq", "dedup", "acker.acks")  # type: ignore[arg-type]
+        batch = Batch(records, self.stores, Topic.DEDUP_DLQ, "dedup", Topic.ACKER_ACKS)  # type: ignore[arg-type]
         if records:
             self.gate.process(batch)
         if punctuate:
@@ -97,11 +99,11 @@ class Harness:
 
 
 def passed_ids(batch: Batch) -> list[str]:
-    return [decode_envelope(o.value).record_id for o in batch.outputs if o.topic == "dedup.records"]
+    return [decode_envelope(o.value).record_id for o in batch.outputs if o.topic == Topic.DEDUP_RECORDS]
 
 
 def acks(batch: Batch) -> list[AckerMessage]:
-    return [m for o in batch.outputs if o.topic == "acker.acks" for m in AckerBatch.FromString(o.value).messages]
+    return [m for o in batch.outputs if o.topic == Topic.ACKER_ACKS for m in AckerBatch.FromString(o.value).messages]
 
 
 def test_duplicates_within_one_batch_are_caught(client: redis.Redis, prefix: str) -> None:
@@ -127,7 +129,7 @@ def test_forwarded_records_get_a_child_edge_that_balances_the_ack(client: redis.
     gate = Harness(client, prefix)
     original = envelope("x", 1000, key=b"group-7")
     first = gate.run([original])
-    (out,) = [o for o in first.outputs if o.topic == "dedup.records"]
+    (out,) = [o for o in first.outputs if o.topic == Topic.DEDUP_RECORDS]
     forwarded = decode_envelope(out.value)
     assert out.key == b"group-7"  # re-keyed by the grouping key
     assert forwarded.root_id == original.root_id and forwarded.edge_id != original.edge_id
@@ -151,7 +153,7 @@ def test_poison_goes_to_the_dlq_and_the_rest_of_the_batch_passes(client: redis.R
     gate = Harness(client, prefix)
     batch = gate.run([envelope("good-1", 1000), b"\xff\xfenot protobuf", encode_envelope(Envelope(payload=b"no id")), envelope("good-2", 1000)])
     assert passed_ids(batch) == ["good-1", "good-2"]
-    letters = [DeadLetter.FromString(o.value) for o in batch.outputs if o.topic == "dedup.dlq"]
+    letters = [DeadLetter.FromString(o.value) for o in batch.outputs if o.topic == Topic.DEDUP_DLQ]
     assert len(letters) == 2 and letters[1].message == "envelope without record_id"
     assert letters[0].original == b"\xff\xfenot protobuf" and letters[0].stage == "dedup"
     assert gate.gate.counts.dead_letters == 2

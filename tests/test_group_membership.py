@@ -9,6 +9,7 @@ import time
 import pytest
 
 from onceflow.kafka import clients
+from onceflow.topology import Topic
 from onceflow.txn.errors import ConsumerStuck
 from onceflow.txn.membership import MembershipWatch, describe_group
 from tests.conftest import Pipeline
@@ -28,7 +29,7 @@ def _settle(consumers: list, timeout_s: float = 30.0) -> None:
 
 def test_the_group_vouches_for_an_idle_member_and_not_for_a_stranger(pipeline: Pipeline) -> None:
     group = pipeline.topic("membership-group")
-    topic = pipeline.topic("sink.dlq")  # one partition (infra/topics.toml)
+    topic = pipeline.topic(Topic.SINK_DLQ)  # one partition (infra/topics.toml)
     consumers = [clients.consumer(pipeline.common, group) for _ in range(2)]
     admin = clients.admin(pipeline.common)
     try:

@@ -13,6 +13,7 @@ from confluent_kafka.admin import NewTopic
 
 from onceflow.kafka import clients
 from onceflow.kafka.inspect import end_offsets
+from onceflow.topology import Topic
 from onceflow.txn.producer import AtLeastOnceProducer
 from tests.conftest import Pipeline, eventually
 from tests.harness import checker
@@ -24,17 +25,17 @@ WORKER = "tests.harness.workers.keyed_counter"
 
 
 def _outputs(pipe: Pipeline) -> list[checker.TopicRecord]:
-    return checker.read_committed(pipe.common, pipe.topic("dedup.records"))
+    return checker.read_committed(pipe.common, pipe.topic(Topic.DEDUP_RECORDS))
 
 
 def _markers(pipe: Pipeline, records: int) -> int:
-    return sum(high for _lso, high in end_offsets(pipe.common, pipe.topic("dedup.records")).values()) - records
+    return sum(high for _lso, high in end_offsets(pipe.common, pipe.topic(Topic.DEDUP_RECORDS)).values()) - records
 
 
 @pytest.mark.parametrize("guarantee", ["exactly_once", "at_least_once"])
 def test_the_guarantee_switch_decides_whether_hops_use_transactions(pipeline: Pipeline, guarantee: str) -> None:
     inputs = items(f"mode-{guarantee}", 2000)
-    produce_envelopes(pipeline.common, pipeline.topic("ingest.records"), inputs)
+    produce_envelopes(pipeline.common, pipeline.topic(Topic.INGEST_RECORDS), inputs)
     worker = pipeline.process(
         "counter", WORKER, COUNTER_INSTANCE="a", ONCEFLOW_PROCESSING_GUARANTEE=guarantee, ONCEFLOW_LOOP_MAX_BATCH_RECORDS="200",
         # at_least_once: a crash after the outputs were produced, before their offsets were committed

@@ -15,6 +15,7 @@ import pytest
 from onceflow.config import CommonSettings
 from onceflow.infra.kafka import KafkaBroker
 from onceflow.infra.topics import TopicReplicationError, delete_topics, ensure_topics, load_specs
+from onceflow.topology import Topic
 from tests.conftest import free_port
 
 pytestmark = [pytest.mark.foundation, pytest.mark.integration]
@@ -61,7 +62,7 @@ def test_compose_topics_job_works_against_any_bootstrap_list(infra: None) -> Non
         again = _onceflow(env, "topics", "--bootstrap", live)
         assert again.returncode == 0 and "created" not in again.stdout, again.stdout + again.stderr
         # More replicas than the cluster has brokers: refused with the reason, nothing half made.
-        spec = next(s for s in load_specs() if s.name == "ingest.records")
+        spec = next(s for s in load_specs() if s.name == Topic.INGEST_RECORDS)
         with pytest.raises(TopicReplicationError, match="declares 3 replicas; the cluster has 1 broker"):
             ensure_topics(live, prefix + "x.", [replace(spec, replication_factor=3)])
     finally:

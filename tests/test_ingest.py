@@ -8,12 +8,13 @@ import time
 from collections.abc import Iterator
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from onceflow.client import IngestClient, RetryPolicy
+from onceflow.topology import Topic
 from onceflow.v1 import admin_pb2, admin_pb2_grpc, ingest_pb2, ingest_pb2_grpc
 from onceflow.v1.ingest_pb2 import IngestRecord
 from tests.conftest import Pipeline, eventually, free_port
@@ -39,7 +40,7 @@ def _ingest(pipe: Pipeline, **env: str) -> tuple[ServiceProcess, str]:
 
 
 def _committed(pipe: Pipeline) -> list[checker.TopicRecord]:
-    return checker.read_committed(pipe.common, pipe.topic("ingest.records"))
+    return checker.read_committed(pipe.common, pipe.topic(Topic.INGEST_RECORDS))
 
 
 def test_ten_thousand_records_are_all_readable_read_committed(pipeline: Pipeline) -> None:
@@ -52,7 +53,7 @@ def test_ten_thousand_records_are_all_readable_read_committed(pipeline: Pipeline
         assert client.retries == 0
     report = checker.DeliveryReport.of(_committed(pipeline), [i.record_id for i in batch])
     report.assert_exactly_once()
-    assert checker.hanging_transactions(pipeline.common, [pipeline.topic("ingest.records")]) == {}
+    assert checker.hanging_transactions(pipeline.common, [pipeline.topic(Topic.INGEST_RECORDS)]) == {}
     assert proc.terminate() == 0, proc.log_tail()
 
 
@@ -100,7 +101,7 @@ def test_kill9_mid_stream_with_retrying_client_loses_nothing(pipeline: Pipeline)
     report = checker.DeliveryReport.of(_committed(pipeline), sender.acknowledged, allowed_duplicates=sender.retried)
     report.assert_at_least_once()
     assert len(sender.acknowledged) == len(batch)
-    assert checker.hanging_transactions(pipeline.common, [pipeline.topic("ingest.records")], wait_s=30) == {}
+    assert checker.hanging_transactions(pipeline.common, [pipeline.topic(Topic.INGEST_RECORDS)], wait_s=30) == {}
     assert proc.terminate() == 0, proc.log_tail()
 
 

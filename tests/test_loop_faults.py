@@ -13,6 +13,7 @@ from collections import Counter
 
 import pytest
 
+from onceflow.topology import Topic
 from tests.conftest import Pipeline, eventually
 from tests.harness import checker
 from tests.harness.process import ServiceProcess
@@ -30,7 +31,7 @@ def _counter(pipe: Pipeline, instance: str, **env: str) -> ServiceProcess:
 
 
 def _outputs(pipe: Pipeline) -> list[checker.TopicRecord]:
-    return checker.read_committed(pipe.common, pipe.topic("dedup.records"))
+    return checker.read_committed(pipe.common, pipe.topic(Topic.DEDUP_RECORDS))
 
 
 def _wait_processed(pipe: Pipeline, expected: int, timeout_s: float = 120) -> None:
@@ -43,25 +44,25 @@ def _wait_processed(pipe: Pipeline, expected: int, timeout_s: float = 120) -> No
 
 
 def _check_exactly_once(pipe: Pipeline, inputs: list[Item], poison: int) -> None:
-    topics = [pipe.topic(t) for t in ("dedup.records", "dedup.changelog", "dedup.dlq")]
+    topics = [pipe.topic(t) for t in (Topic.DEDUP_RECORDS, Topic.DEDUP_CHANGELOG, Topic.DEDUP_DLQ)]
     assert checker.hanging_transactions(pipe.common, topics, wait_s=30) == {}
     report = checker.DeliveryReport.of(_outputs(pipe), [i.record_id for i in inputs])
     report.assert_exactly_once()
-    assert len(checker.read_committed(pipe.common, pipe.topic("dedup.dlq"))) == poison
+    assert len(checker.read_committed(pipe.common, pipe.topic(Topic.DEDUP_DLQ))) == poison
     # The state must equal a crash-free run's: counts per (input partition, key).
     by_id = {i.record_id: i.key for i in inputs}
     expected: Counter[tuple[int, bytes]] = Counter()
-    for record in checker.read_committed(pipe.common, pipe.topic("ingest.records")):
+    for record in checker.read_committed(pipe.common, pipe.topic(Topic.INGEST_RECORDS)):
         if record.key != b"poison":
             expected[(record.partition, by_id[record.key.decode()])] += 1
-    table = checker.latest_by_key(checker.read_committed(pipe.common, pipe.topic("dedup.changelog")))
+    table = checker.latest_by_key(checker.read_committed(pipe.common, pipe.topic(Topic.DEDUP_CHANGELOG)))
     assert {k: int(v) for k, v in table.items()} == dict(expected)
 
 
 @pytest.mark.parametrize("point", ["before_produce", "after_produce", "after_commit"])
 def test_crash_inside_the_transaction_loses_and_duplicates_nothing(pipeline: Pipeline, point: str) -> None:
     inputs = items(f"crash-{point}", 3000)
-    produce_envelopes(pipeline.common, pipeline.topic("ingest.records"), inputs, POISON)
+    produce_envelopes(pipeline.common, pipeline.topic(Topic.INGEST_RECORDS), inputs, POISON)
     worker = _counter(pipeline, "a", ONCEFLOW_LOOP_MAX_BATCH_RECORDS="200")
     worker.start({"ONCEFLOW_FAULT": f"{point}@3"})
     assert worker.wait_exit(90) == -9, worker.log_tail()
@@ -76,11 +77,11 @@ def test_kill9_at_random_moments_while_input_keeps_arriving(pipeline: Pipeline) 
     inputs = items("random-kill", 4000)
     chunks = [inputs[i : i + 1000] for i in range(0, len(inputs), 1000)]
     worker = _counter(pipeline, "a", ONCEFLOW_LOOP_MAX_BATCH_RECORDS="100")
-    produce_envelopes(pipeline.common, pipeline.topic("ingest.records"), chunks[0])
+    produce_envelopes(pipeline.common, pipeline.topic(Topic.INGEST_RECORDS), chunks[0])
     worker.start()
     for chunk in chunks[1:]:
         time.sleep(rng.uniform(1.0, 3.0))
-        produce_envelopes(pipeline.common, pipeline.topic("ingest.records"), chunk)
+        produce_envelopes(pipeline.common, pipeline.topic(Topic.INGEST_RECORDS), chunk)
         assert worker.kill9() == -9
         worker.start()
     _wait_processed(pipeline, len(inputs))
@@ -91,7 +92,7 @@ def test_kill9_at_random_moments_while_input_keeps_arriving(pipeline: Pipeline) 
 def test_zombie_is_fenced_and_its_later_writes_never_appear(pipeline: Pipeline) -> None:
     first, second = items("zombie-1", 2000), items("zombie-2", 1000)
     shared = {"COUNTER_TRANSACTIONAL_ID": pipeline.topic("counter-shared"), "ONCEFLOW_LOOP_MAX_BATCH_RECORDS": "50"}
-    produce_envelopes(pipeline.common, pipeline.topic("ingest.records"), first)
+    produce_envelopes(pipeline.common, pipeline.topic(Topic.INGEST_RECORDS), first)
     old = _counter(pipeline, "old", **shared).start()
     eventually(lambda: len(_outputs(pipeline)) >= 100, 60, "the old instance to commit something")
     old.sigstop()
@@ -101,7 +102,7 @@ def test_zombie_is_fenced_and_its_later_writes_never_appear(pipeline: Pipeline) 
     assert old_writes > 0
 
     old.sigcont()
-    produce_envelopes(pipeline.common, pipeline.topic("ingest.records"), second)
+    produce_envelopes(pipeline.common, pipeline.topic(Topic.INGEST_RECORDS), second)
     assert old.wait_exit(90) == EXIT_FENCED, old.log_tail()
     _wait_processed(pipeline, len(first) + len(second))
     assert new.terminate() == 0, new.log_tail()
@@ -111,12 +112,12 @@ def test_zombie_is_fenced_and_its_later_writes_never_appear(pipeline: Pipeline) 
 
 def test_rebalance_moves_partitions_with_their_state(pipeline: Pipeline) -> None:
     inputs = items("rebalance", 6000)
-    produce_envelopes(pipeline.common, pipeline.topic("ingest.records"), inputs[:3000])
+    produce_envelopes(pipeline.common, pipeline.topic(Topic.INGEST_RECORDS), inputs[:3000])
     a = _counter(pipeline, "a", ONCEFLOW_LOOP_MAX_BATCH_RECORDS="100").start()
     eventually(lambda: len(_outputs(pipeline)) >= 500, 60, "a to make progress")
     b = _counter(pipeline, "b", ONCEFLOW_LOOP_MAX_BATCH_RECORDS="100").start()
     b.wait_log("assigned [", 60)
-    produce_envelopes(pipeline.common, pipeline.topic("ingest.records"), inputs[3000:])
+    produce_envelopes(pipeline.common, pipeline.topic(Topic.INGEST_RECORDS), inputs[3000:])
     assert a.terminate() == 0, a.log_tail()  # graceful leave: b takes a's partitions, restores them
     _wait_processed(pipeline, len(inputs))
     assert b.terminate() == 0, b.log_tail()
@@ -125,11 +126,11 @@ def test_rebalance_moves_partitions_with_their_state(pipeline: Pipeline) -> None
 
 def test_broker_restart_mid_stream(pipeline: Pipeline, broker) -> None:
     inputs = items("broker-restart", 3000)
-    produce_envelopes(pipeline.common, pipeline.topic("ingest.records"), inputs[:2000])
+    produce_envelopes(pipeline.common, pipeline.topic(Topic.INGEST_RECORDS), inputs[:2000])
     worker = _counter(pipeline, "a", ONCEFLOW_LOOP_MAX_BATCH_RECORDS="100").start()
     eventually(lambda: len(_outputs(pipeline)) >= 300, 60, "progress before the restart")
     broker.restart()
-    produce_envelopes(pipeline.common, pipeline.topic("ingest.records"), inputs[2000:])
+    produce_envelopes(pipeline.common, pipeline.topic(Topic.INGEST_RECORDS), inputs[2000:])
     _wait_processed(pipeline, len(inputs), timeout_s=180)
     assert worker.terminate() == 0, worker.log_tail()
     _check_exactly_once(pipeline, inputs, poison=0)

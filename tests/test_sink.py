@@ -16,17 +16,19 @@ import pytest
 from confluent_kafka import Producer
 
 from onceflow.admin import fleet
-from onceflow.redis_client import connect, delete_prefix
+from onceflow.redis_client import connect
+from onceflow.topology import Topic
 from onceflow.txn.loop import EXIT_FENCED
-from onceflow.verify import redis_faults
 from onceflow.v1 import sink_pb2, sink_pb2_grpc
 from onceflow.v1.acker_pb2 import AckerBatch
 from onceflow.v1.envelope_pb2 import DeadLetter
 from onceflow.v1.results_pb2 import ResultChange
-from onceflow_sink.tables import ResultTables
+from onceflow.verify import redis_faults
 from tests.conftest import Pipeline, eventually, free_port
 from tests.harness import checker
 from tests.harness.process import ServiceProcess
+
+from onceflow_sink.tables import ResultTables
 
 pytestmark = [pytest.mark.sink, pytest.mark.integration]
 
@@ -52,9 +54,9 @@ def produce(pipe: Pipeline, items: list[ResultChange | bytes], pause_s: float = 
     for start in range(0, len(items), chunk):
         for item in items[start : start + chunk]:
             if isinstance(item, bytes):
-                producer.produce(pipe.topic("compute.results"), item, key=b"poison")
+                producer.produce(pipe.topic(Topic.COMPUTE_RESULTS), item, key=b"poison")
             else:
-                producer.produce(pipe.topic("compute.results"), item.SerializeToString(), key=item.key.encode())
+                producer.produce(pipe.topic(Topic.COMPUTE_RESULTS), item.SerializeToString(), key=item.key.encode())
         producer.flush(30)
         time.sleep(pause_s)
     assert producer.flush(30) == 0
@@ -63,7 +65,7 @@ def produce(pipe: Pipeline, items: list[ResultChange | bytes], pause_s: float = 
 def expected_table(pipe: Pipeline) -> dict[bytes, bytes]:
     """compute.results applied once, in partition order (a row's changes share its partition)."""
     table: dict[bytes, bytes] = {}
-    for record in sorted(checker.read_committed(pipe.common, pipe.topic("compute.results")), key=lambda r: (r.partition, r.offset)):
+    for record in sorted(checker.read_committed(pipe.common, pipe.topic(Topic.COMPUTE_RESULTS)), key=lambda r: (r.partition, r.offset)):
         try:
             change = ResultChange.FromString(record.value)
         except Exception:  # noqa: BLE001 - poison: the sink dead-letters it
@@ -92,7 +94,7 @@ def wait_applied(pipe: Pipeline, timeout_s: float = 180) -> None:
 
     def done() -> bool:
         last: dict[int, int] = {}
-        for record in checker.read_committed(pipe.common, pipe.topic("compute.results")):
+        for record in checker.read_committed(pipe.common, pipe.topic(Topic.COMPUTE_RESULTS)):
             last[record.partition] = max(last.get(record.partition, -1), record.offset)
         client = connect(pipe.common.redis_url)
         return all(int(client.hget(tables.meta_key(p), "offset") or -1) >= o for p, o in last.items())
@@ -157,7 +159,7 @@ def test_poison_is_dead_lettered_exactly_once_even_across_a_crash_before_the_app
     proc.start({"ONCEFLOW_FAULT": ""})
     proc.wait_healthy(address)
     wait_applied(pipeline)
-    letters = [DeadLetter.FromString(r.value) for r in checker.read_committed(pipeline.common, pipeline.topic("sink.dlq"))]
+    letters = [DeadLetter.FromString(r.value) for r in checker.read_committed(pipeline.common, pipeline.topic(Topic.SINK_DLQ))]
     messages = sorted(letter.message for letter in letters)
     assert len(messages) == 3, messages  # once each, though the batch was processed twice
     assert messages[:2] == ["ResultChange with op 0: want UPSERT or RETRACT", "ResultChange without job or key"]
@@ -165,7 +167,7 @@ def test_poison_is_dead_lettered_exactly_once_even_across_a_crash_before_the_app
     assert all(x.stage == "sink" and x.original for x in letters)
     assert redis_table(pipeline) == expected_table(pipeline)
     # Every applied change's edge was acked (batched per acker.acks partition).
-    acked = {m.xor_value for r in checker.read_committed(pipeline.common, pipeline.topic("acker.acks"))
+    acked = {m.xor_value for r in checker.read_committed(pipeline.common, pipeline.topic(Topic.ACKER_ACKS))
              for m in AckerBatch.FromString(r.value).messages}
     assert {c.edge_id for c in good} <= acked
 

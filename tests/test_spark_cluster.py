@@ -12,25 +12,33 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import threading
-
 import pytest
 
 from onceflow.config import repo_root
 from onceflow.process import free_port
 from onceflow.v1 import compute_pb2
-from onceflow_compute.jobs import load_job
 from tests.conftest import Pipeline, eventually
 from tests.harness import checker
 from tests.test_compute import (
-    Input, check_exact, compute_admin, pandas_table, produce, usersum_inputs, wait_consumed, wait_unhealthy, worker,
+    Input,
+    check_exact,
+    compute_admin,
+    pandas_table,
+    produce,
+    usersum_inputs,
+    wait_consumed,
+    wait_unhealthy,
+    worker,
 )
+
+from onceflow_compute.jobs import load_job
 
 pytestmark = [pytest.mark.spark_cluster, pytest.mark.integration, pytest.mark.xdist_group("spark_cluster")]
 
@@ -41,6 +49,7 @@ import time
 import pyarrow as pa
 
 from onceflow_compute.api import Aggregation, Combine, Count, Sum
+from onceflow.topology import Topic
 
 SECONDS_PER_VALUE = {slow}  # > 0 keeps the executors busy long enough to be killed mid-task
 
@@ -265,11 +274,11 @@ def _check_exact(pipeline: Pipeline, job: str, pythonpath: Path, rows: list[dict
     finally:
         sys.path.remove(str(pythonpath))
     wait_consumed(pipeline, name)
-    fold = checker.fold_results(checker.read_committed(pipeline.common, pipeline.topic("compute.results")), name)
+    fold = checker.fold_results(checker.read_committed(pipeline.common, pipeline.topic(Topic.COMPUTE_RESULTS)), name)
     assert not fold.problems, fold.problems[:10]
     table = {key: json.loads(row) for key, row in fold.table.items()}
     assert {k: {"count": v["count"], "total": v["total"], "merchants": v["merchants"]} for k, v in table.items()} == _answer(rows)
-    assert not checker.read_committed(pipeline.common, pipeline.topic("compute.dlq"), timeout_s=5)
+    assert not checker.read_committed(pipeline.common, pipeline.topic(Topic.COMPUTE_DLQ), timeout_s=5)
 
 
 @pytest.fixture
@@ -356,7 +365,7 @@ def test_a_worker_whose_batches_no_executor_runs_turns_unhealthy_and_recovers_wh
         )
         assert "did not finish a micro-batch within 8 s" in stats.last_error, stats.last_error
         assert stats.records_in == 0 and stats.dead_letters == 0  # a stalled engine blames no record
-        assert not checker.read_committed(pipeline.common, pipeline.topic("compute.partials"), timeout_s=5)
+        assert not checker.read_committed(pipeline.common, pipeline.topic(Topic.COMPUTE_PARTIALS), timeout_s=5)
 
         spark.up(120, [master, lone_worker])
         wait_consumed(pipeline, "usersum")

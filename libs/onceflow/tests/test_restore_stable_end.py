@@ -9,8 +9,9 @@ from confluent_kafka import KafkaError, Message
 
 from onceflow.config import CommonSettings
 from onceflow.state import stores as stores_module
+from onceflow.topology import Topic
 
-TOPIC = "compute.changelog"
+TOPIC = Topic.COMPUTE_CHANGELOG
 KEY = b"nexmark_q7\x00all"
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from onceflow.infra.topics import TopicReplicationError, TopicSpec, load_specs
+from onceflow.topology import Topic
 
 
 def test_by_default_a_topic_is_replicated_as_far_as_the_cluster_allows() -> None:
-    spec = TopicSpec("ingest.records", 4)
+    spec = TopicSpec(Topic.INGEST_RECORDS, 4)
     assert spec.replication_for(1) == (1, 1)
     assert spec.replication_for(2) == (2, 1)
     assert spec.replication_for(3) == (3, 2)  # a committed write survives the loss of one broker

@@ -8,12 +8,12 @@ from typing import Any
 import grpc
 import pytest
 
+from onceflow.topology import Topic
 from onceflow.v1 import acker_pb2
 
 from onceflow_acker.admin import AckerAdminServicer
 from onceflow_acker.stage import AckerStats
 from onceflow_acker.trees import Tree
-
 
 pytestmark = pytest.mark.security
 
@@ -47,7 +47,7 @@ def _tree(record_id: str, started_ms: int) -> bytes:
 def test_a_flood_of_lookups_decodes_the_stores_once_per_interval() -> None:
     store = _CountingStore({i.to_bytes(8, "big"): _tree(f"r-{i}", started_ms=1_000 + i) for i in range(500)})
     now = [0.0]
-    admin = AckerAdminServicer(_Stores(store), AckerStats(), "ingest.records", view_ttl_s=1.0, clock=lambda: now[0])  # type: ignore[arg-type]
+    admin = AckerAdminServicer(_Stores(store), AckerStats(), Topic.INGEST_RECORDS, view_ttl_s=1.0, clock=lambda: now[0])  # type: ignore[arg-type]
     for i in range(200):
         listed = admin.ListPending(acker_pb2.ListPendingRequest(limit=10), _Context())  # type: ignore[arg-type]
         found = admin.GetTree(acker_pb2.GetTreeRequest(record_id=f"r-{i}"), _Context())  # type: ignore[arg-type]
@@ -62,6 +62,6 @@ def test_a_flood_of_lookups_decodes_the_stores_once_per_interval() -> None:
 
 
 def test_an_oversized_record_id_is_refused() -> None:
-    admin = AckerAdminServicer(_Stores(_CountingStore()), AckerStats(), "ingest.records")  # type: ignore[arg-type]
+    admin = AckerAdminServicer(_Stores(_CountingStore()), AckerStats(), Topic.INGEST_RECORDS)  # type: ignore[arg-type]
     with pytest.raises(AssertionError, match="INVALID_ARGUMENT: record_id: 300 bytes, the limit is 256"):
         admin.GetTree(acker_pb2.GetTreeRequest(record_id="x" * 300), _Context())  # type: ignore[arg-type]

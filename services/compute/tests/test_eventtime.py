@@ -11,9 +11,11 @@ from confluent_kafka import Message
 
 from onceflow.codec import encode_envelope
 from onceflow.state import MemoryStore
+from onceflow.topology import Topic
 from onceflow.txn.batch import Batch
 from onceflow.v1.compute_pb2 import PartialAggregate
 from onceflow.v1.envelope_pb2 import DeadLetter, Envelope
+
 from onceflow_compute.api import Aggregation, Count, Hopping, Tumbling
 from onceflow_compute.eventtime import EventTimeGate
 from onceflow_compute.frames import build_frame
@@ -30,12 +32,12 @@ def job(window) -> Aggregation:  # type: ignore[no-untyped-def]
 def record(offset: int, t: int, partition: int = 0) -> Message:
     payload = json.dumps({"user": "u", "t": t}).encode()
     envelope = Envelope(record_id=f"r{offset}", root_id=offset + 1, edge_id=offset + 100, payload=payload, key=b"u")
-    return Message(topic="dedup.records", partition=partition, offset=offset, key=b"u", value=encode_envelope(envelope))
+    return Message(topic=Topic.DEDUP_RECORDS, partition=partition, offset=offset, key=b"u", value=encode_envelope(envelope))
 
 
 def run(gate: EventTimeGate, stores: dict[int, MemoryStore], records: list[Message]) -> tuple[list[str], Batch]:
     """One batch through the gate, committed: the kept record ids, and the batch."""
-    batch = Batch(records, stores, "compute.dlq", "compute")  # type: ignore[arg-type]
+    batch = Batch(records, stores, Topic.COMPUTE_DLQ, "compute")  # type: ignore[arg-type]
     kept, _late, marks = gate.split(build_frame(records, SCHEMA), batch)
     assert not [o for o in batch.outputs if o.topic.endswith("partials")]  # watermarks wait for the partials
     gate.emit_watermarks(batch, marks)
@@ -45,12 +47,12 @@ def run(gate: EventTimeGate, stores: dict[int, MemoryStore], records: list[Messa
 
 
 def late_ids(batch: Batch) -> list[str]:
-    letters = [DeadLetter.FromString(o.value) for o in batch.outputs if o.topic == "compute.late"]
+    letters = [DeadLetter.FromString(o.value) for o in batch.outputs if o.topic == Topic.COMPUTE_LATE]
     return [Envelope.FromString(letter.original).record_id for letter in letters]
 
 
 def test_the_watermark_carries_over_committed_batches() -> None:
-    gate = EventTimeGate(job(Tumbling(1_000)), 100, "compute.late", "compute.partials", 2, 1)
+    gate = EventTimeGate(job(Tumbling(1_000)), 100, Topic.COMPUTE_LATE, Topic.COMPUTE_PARTIALS, 2, 1)
     stores = {0: MemoryStore()}
     kept, _ = run(gate, stores, [record(0, 5_000)])
     assert kept == ["r0"]
@@ -58,11 +60,11 @@ def test_the_watermark_carries_over_committed_batches() -> None:
     # the watermark is 4900, so [1000, 2000) has expired and [4000, 5000) has not.
     kept, batch = run(gate, stores, [record(1, 1_500), record(2, 4_950)])
     assert kept == ["r2"] and late_ids(batch) == ["r1"]
-    letter = DeadLetter.FromString(next(o.value for o in batch.outputs if o.topic == "compute.late"))
+    letter = DeadLetter.FromString(next(o.value for o in batch.outputs if o.topic == Topic.COMPUTE_LATE))
     assert "watermark of partition 0 was 4900" in letter.message
     # Each partials partition hears partition 0's watermark.
-    marks = [PartialAggregate.FromString(o.value) for o in batch.outputs if o.topic == "compute.partials"]
-    assert sorted(o.partition for o in batch.outputs if o.topic == "compute.partials") == [0, 1]
+    marks = [PartialAggregate.FromString(o.value) for o in batch.outputs if o.topic == Topic.COMPUTE_PARTIALS]
+    assert sorted(o.partition for o in batch.outputs if o.topic == Topic.COMPUTE_PARTIALS) == [0, 1]
     assert {(m.watermark.partition, m.watermark.watermark_ms, m.watermark.partitions) for m in marks} == {(0, 4_900, 1)}
 
 
@@ -75,7 +77,7 @@ def test_partitions_keep_their_own_watermarks_and_batch_boundaries_do_not_matter
 
 
 def test_a_record_with_an_expired_hopping_window_is_late_in_all_of_them() -> None:
-    gate = EventTimeGate(job(Hopping(1_000, 500)), 0, "compute.late", "partials", 1, 1)
+    gate = EventTimeGate(job(Hopping(1_000, 500)), 0, Topic.COMPUTE_LATE, "partials", 1, 1)
     stores = {0: MemoryStore()}
     run(gate, stores, [record(0, 2_000)])
     # 1_400 is in [500, 1500) (expired at 2000) and [1000, 2000) (not yet): late, whole.

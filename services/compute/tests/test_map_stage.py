@@ -11,9 +11,11 @@ import pytest
 from confluent_kafka import Message
 
 from onceflow.codec import encode_envelope
+from onceflow.topology import Topic
 from onceflow.txn.batch import Batch
 from onceflow.v1.compute_pb2 import PartialAggregate
 from onceflow.v1.envelope_pb2 import DeadLetter, Envelope
+
 from onceflow_compute import stats
 from onceflow_compute.api import Aggregation, Count, Sum
 from onceflow_compute.engines import PandasEngine
@@ -28,7 +30,7 @@ JOB = Aggregation(name="sum", schema=SCHEMA, key="user", aggregates=(Sum("amount
 
 def record(offset: int, payload: bytes) -> Message:
     envelope = Envelope(record_id=f"r{offset}", root_id=offset + 1, edge_id=offset + 100, payload=payload, key=b"u")
-    return Message(topic="dedup.records", partition=0, offset=offset, key=b"u", value=encode_envelope(envelope))
+    return Message(topic=Topic.DEDUP_RECORDS, partition=0, offset=offset, key=b"u", value=encode_envelope(envelope))
 
 
 def good(offset: int, user: str = "u", amount: int = 1) -> Message:
@@ -64,7 +66,7 @@ def test_each_bad_payload_is_named_among_good_ones(payload: bytes, reason: str) 
 
 
 def test_undecodable_bytes_are_rejected_without_an_envelope() -> None:
-    bad = Message(topic="dedup.records", partition=0, offset=5, key=b"x", value=b"\xff\x00junk")
+    bad = Message(topic=Topic.DEDUP_RECORDS, partition=0, offset=5, key=b"x", value=b"\xff\x00junk")
     frame = build_frame([good(0), bad], SCHEMA)
     assert [(r.offset(), e) for r, e, _ in frame.rejected] == [(5, None)]
 
@@ -92,8 +94,8 @@ class RaisesOn:
 
 
 def run_stage(records: list[Message], engine: object, budget: int = 64) -> Batch:
-    batch = Batch(records, None, "compute.dlq", "compute", "acker.acks", 1)
-    MapStage(JOB, engine, "compute.partials", "compute.results", stats.JobCounts(), budget).process(batch)  # type: ignore[arg-type]
+    batch = Batch(records, None, Topic.COMPUTE_DLQ, "compute", Topic.ACKER_ACKS, 1)
+    MapStage(JOB, engine, Topic.COMPUTE_PARTIALS, Topic.COMPUTE_RESULTS, stats.JobCounts(), budget).process(batch)  # type: ignore[arg-type]
     return batch
 
 
@@ -101,19 +103,19 @@ def test_records_the_job_raises_on_are_found_by_bisection_and_the_rest_is_aggreg
     records = [good(i, f"u{i % 3}", amount=i) for i in range(1, 200)]
     engine = RaisesOn({57, 140})
     batch = run_stage(records, engine)
-    letters = [DeadLetter.FromString(o.value) for o in batch.outputs if o.topic == "compute.dlq"]
+    letters = [DeadLetter.FromString(o.value) for o in batch.outputs if o.topic == Topic.COMPUTE_DLQ]
     assert sorted(letter.source_offset for letter in letters) == [57, 140]
     assert all("amount is poison" in letter.message for letter in letters)
     partials = {p.key: json.loads(p.partials) for p in
-                (PartialAggregate.FromString(o.value) for o in batch.outputs if o.topic == "compute.partials")}
+                (PartialAggregate.FromString(o.value) for o in batch.outputs if o.topic == Topic.COMPUTE_PARTIALS)}
     expected = {f"u{k}": [sum(i for i in range(1, 200) if i % 3 == k and i not in (57, 140)),
                           sum(1 for i in range(1, 200) if i % 3 == k and i not in (57, 140))] for k in range(3)}
     assert partials == expected
     assert engine.runs < 40  # bisection, not one run per record
-    acks = [o for o in batch.outputs if o.topic == "acker.acks"]
+    acks = [o for o in batch.outputs if o.topic == Topic.ACKER_ACKS]
     assert not acks  # not sealed yet: the loop seals; every record is acked in the buffer
     batch.seal()
-    assert [o for o in batch.outputs if o.topic == "acker.acks"]
+    assert [o for o in batch.outputs if o.topic == Topic.ACKER_ACKS]
 
 
 def test_a_job_failing_on_every_record_fails_the_batch_instead_of_dead_lettering_it() -> None:
@@ -135,10 +137,10 @@ def test_the_bisection_budget_bounds_the_engine_runs() -> None:
 
 def test_a_lone_failing_record_is_poison_only_once_the_job_has_worked() -> None:
     engine = RaisesOn({7})
-    stage = MapStage(JOB, engine, "compute.partials", "compute.results", stats.JobCounts())  # type: ignore[arg-type]
+    stage = MapStage(JOB, engine, Topic.COMPUTE_PARTIALS, Topic.COMPUTE_RESULTS, stats.JobCounts())  # type: ignore[arg-type]
     with pytest.raises(JobFailed):  # a broken job would otherwise drain a quiet stream into the DLQ
-        stage.process(Batch([good(0, amount=7)], None, "compute.dlq", "compute", "acker.acks", 1))
-    stage.process(Batch([good(1, amount=1)], None, "compute.dlq", "compute", "acker.acks", 1))
-    batch = Batch([good(2, amount=7)], None, "compute.dlq", "compute", "acker.acks", 1)
+        stage.process(Batch([good(0, amount=7)], None, Topic.COMPUTE_DLQ, "compute", Topic.ACKER_ACKS, 1))
+    stage.process(Batch([good(1, amount=1)], None, Topic.COMPUTE_DLQ, "compute", Topic.ACKER_ACKS, 1))
+    batch = Batch([good(2, amount=7)], None, Topic.COMPUTE_DLQ, "compute", Topic.ACKER_ACKS, 1)
     stage.process(batch)
     assert batch.dead_letters == 1

@@ -10,6 +10,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from onceflow.config import CommonSettings, LoopSettings
+from onceflow.topology import Topic
 from onceflow.txn import offsets
 from onceflow.txn.errors import EXIT_RESTART
 
@@ -27,7 +28,7 @@ class _ConsumerWhoseGroupNeverAnswers:
         self.on_assign = on_assign
 
     def consume(self, num_messages: int = 1, timeout: float = -1) -> list:
-        self.on_assign(self, [TopicPartition("compute.results", 0)])
+        self.on_assign(self, [TopicPartition(Topic.COMPUTE_RESULTS, 0)])
         return []
 
     def committed(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:

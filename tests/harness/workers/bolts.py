@@ -18,6 +18,7 @@ import zlib
 from onceflow import logs
 from onceflow.codec import decode_envelope, encode_envelope, new_id
 from onceflow.config import CommonSettings, LoopSettings
+from onceflow.topology import Topic
 from onceflow.txn import Batch, TransactionalLoop
 from onceflow.v1.envelope_pb2 import Envelope
 
@@ -67,9 +68,9 @@ def main() -> None:
     common = CommonSettings()
     logs.setup(role, os.environ.get("BOLT_INSTANCE", "0"), common.log_level)
     if role == "fanout":
-        stage, source = FanoutBolt(common.topic("dedup.records"), int(os.environ.get("BOLT_DROP_PER_MILLE", "0"))), "ingest.records"
+        stage, source = FanoutBolt(common.topic(Topic.DEDUP_RECORDS), int(os.environ.get("BOLT_DROP_PER_MILLE", "0"))), Topic.INGEST_RECORDS
     else:
-        stage, source = LeafBolt(), "dedup.records"
+        stage, source = LeafBolt(), Topic.DEDUP_RECORDS
     loop = TransactionalLoop(
         stage=stage,
         common=common,
@@ -77,7 +78,7 @@ def main() -> None:
         input_topic=common.topic(source),
         group_id=common.topic(f"test-{role}"),
         transactional_id=common.topic(f"test-{role}-{os.environ.get('BOLT_INSTANCE', '0')}"),
-        dlq_topic=common.topic("dedup.dlq"),
+        dlq_topic=common.topic(Topic.DEDUP_DLQ),
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: loop.stop())

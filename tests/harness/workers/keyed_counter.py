@@ -15,10 +15,11 @@ from confluent_kafka import Message
 from onceflow import logs
 from onceflow.codec import decode_envelope, encode_envelope, new_id
 from onceflow.config import CommonSettings, LoopSettings
+from onceflow.topology import Topic
 from onceflow.txn import Batch, RecordStage, TransactionalLoop
 from onceflow.v1.envelope_pb2 import Envelope
 
-INPUT, OUTPUT, CHANGELOG, DLQ = "ingest.records", "dedup.records", "dedup.changelog", "dedup.dlq"
+INPUT, OUTPUT, CHANGELOG, DLQ = Topic.INGEST_RECORDS, Topic.DEDUP_RECORDS, Topic.DEDUP_CHANGELOG, Topic.DEDUP_DLQ
 
 
 class KeyedCounter(RecordStage):

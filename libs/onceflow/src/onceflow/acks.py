@@ -16,9 +16,6 @@ from collections.abc import Iterable
 from onceflow.codec import now_ms
 from onceflow.v1.acker_pb2 import AckerBatch, AckerMessage, RecordRef
 
-ACKS_TOPIC = "acker.acks"
-EVENTS_TOPIC = "acker.events"
-
 _MASK = (1 << 64) - 1
 
 

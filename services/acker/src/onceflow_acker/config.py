@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from onceflow import topology
 from onceflow.config import CommonSettings, LoopSettings
 
 
@@ -23,8 +24,8 @@ class AckerSettings(BaseSettings):
 
     @property
     def transactional_id(self) -> str:
-        return f"{self.common.topic_prefix}onceflow-acker-{self.instance}"
+        return topology.ACKER.transactional_id(self.common.topic_prefix, self.instance)
 
     @property
     def group_id(self) -> str:
-        return f"{self.common.topic_prefix}onceflow-acker"
+        return topology.ACKER.group_id(self.common.topic_prefix)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from onceflow.acks import ACKS_TOPIC, EVENTS_TOPIC
 from onceflow.admin import ServerTLS, ServiceServer, Tokens
 from onceflow.admin.loop_controls import LoopControls
 from onceflow.runner import run_loop_service
+from onceflow.topology import Topic
 from onceflow.txn import TransactionalLoop
 from onceflow.v1 import acker_pb2, acker_pb2_grpc
 
@@ -17,16 +17,16 @@ from onceflow_acker.stage import AckerStage, AckerStats
 def build(settings: AckerSettings) -> tuple[TransactionalLoop, ServiceServer]:
     common = settings.common
     stats = AckerStats()
-    ingest_topic = common.topic("ingest.records")
+    ingest_topic = common.topic(Topic.INGEST_RECORDS)
     loop = TransactionalLoop(
-        stage=AckerStage(common.topic(EVENTS_TOPIC), ingest_topic, settings.default_timeout_ms, stats),
+        stage=AckerStage(common.topic(Topic.ACKER_EVENTS), ingest_topic, settings.default_timeout_ms, stats),
         common=common,
         settings=settings.loop,
-        input_topic=common.topic(ACKS_TOPIC),
+        input_topic=common.topic(Topic.ACKER_ACKS),
         group_id=settings.group_id,
         transactional_id=settings.transactional_id,
-        dlq_topic=common.topic("acker.dlq"),
-        changelog_topic=common.topic("acker.changelog"),
+        dlq_topic=common.topic(Topic.ACKER_DLQ),
+        changelog_topic=common.topic(Topic.ACKER_CHANGELOG),
     )
     assert loop.stores is not None
     stores = loop.stores

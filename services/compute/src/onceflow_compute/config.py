@@ -7,7 +7,11 @@ import enum
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from onceflow import topology
 from onceflow.config import CommonSettings, LoopSettings
+
+# A job's two hops, by the name the service and its admin calls use.
+_HOPS = {"map": topology.COMPUTE_MAP, "merge": topology.COMPUTE_MERGE}
 
 
 class EngineName(str, enum.Enum):
@@ -80,8 +84,8 @@ class ComputeSettings(BaseSettings):
         )
 
     def transactional_id(self, job: str, hop: str) -> str:
-        return f"{self.common.topic_prefix}onceflow-compute-{job}-{hop}-{self.instance}"
+        return _HOPS[hop].transactional_id(self.common.topic_prefix, self.instance, job)
 
     def group_id(self, job: str, hop: str) -> str:
         """One consumer group per job and hop: the workers of a job split its partitions."""
-        return f"{self.common.topic_prefix}onceflow-compute-{job}-{hop}"
+        return _HOPS[hop].group_id(self.common.topic_prefix, job)

@@ -11,6 +11,7 @@ from onceflow.admin.loop_controls import LoopControls
 from onceflow.codec import now_ms
 from onceflow.kafka import inspect
 from onceflow.runner import run_loop_service
+from onceflow.topology import Topic
 from onceflow.txn import TransactionalLoop
 from onceflow.v1 import compute_pb2, compute_pb2_grpc
 
@@ -18,12 +19,12 @@ from onceflow_compute import jobs, spark_cds, stats
 from onceflow_compute.admin import ComputeAdminServicer
 from onceflow_compute.api import Aggregation, Join, Transform
 from onceflow_compute.config import ComputeSettings, EngineName
+from onceflow_compute.dataflow.watermarks import WatermarkTracker
 from onceflow_compute.engines import Engine, PandasEngine, SparkEngine
 from onceflow_compute.eventtime import EventTimeGate
-from onceflow_compute.stages import MapStage, MergeStage
 from onceflow_compute.joined import JoinMergeStage
+from onceflow_compute.stages import MapStage, MergeStage
 from onceflow_compute.windowed import WindowedMergeStage
-from onceflow_compute.dataflow.watermarks import WatermarkTracker
 
 log = logging.getLogger(__name__)
 
@@ -65,16 +66,16 @@ def build(settings: ComputeSettings) -> tuple[list[TransactionalLoop], ServiceSe
         event_time = EventTimeGate(
             job,
             settings.watermark_bound_ms,
-            common.topic("compute.late"),
-            common.topic("compute.partials"),
-            len(inspect.partitions_of(common, common.topic("compute.partials"))),
-            len(inspect.partitions_of(common, common.topic("dedup.records"))),
+            common.topic(Topic.COMPUTE_LATE),
+            common.topic(Topic.COMPUTE_PARTIALS),
+            len(inspect.partitions_of(common, common.topic(Topic.COMPUTE_PARTIALS))),
+            len(inspect.partitions_of(common, common.topic(Topic.DEDUP_RECORDS))),
         )
     map_stage = MapStage(
         job,
         engine,
-        common.topic("compute.partials"),
-        common.topic("compute.results"),
+        common.topic(Topic.COMPUTE_PARTIALS),
+        common.topic(Topic.COMPUTE_RESULTS),
         counts,
         settings.bisect_budget,
         WatermarkTracker(settings.watermark_bound_ms, settings.idle_timeout_ms),
@@ -84,26 +85,26 @@ def build(settings: ComputeSettings) -> tuple[list[TransactionalLoop], ServiceSe
         stage=map_stage,
         common=common,
         settings=settings.map_loop,
-        input_topic=common.topic("dedup.records"),
+        input_topic=common.topic(Topic.DEDUP_RECORDS),
         group_id=settings.group_id(job.name, "map"),
         transactional_id=settings.transactional_id(job.name, "map"),
-        dlq_topic=common.topic("compute.dlq"),
+        dlq_topic=common.topic(Topic.COMPUTE_DLQ),
         # A windowed job's map hop keeps each input partition's newest event time.
-        changelog_topic=common.topic("compute.eventtime") if windowed else None,
+        changelog_topic=common.topic(Topic.COMPUTE_EVENTTIME) if windowed else None,
     )
     loops = [map_loop]
     stores = None
     if not isinstance(job, Transform):
-        merge_stage = merge_stage_for(job, common.topic("compute.results"), counts)
+        merge_stage = merge_stage_for(job, common.topic(Topic.COMPUTE_RESULTS), counts)
         merge_loop = TransactionalLoop(
             stage=merge_stage,
             common=common,
             settings=settings.loop,
-            input_topic=common.topic("compute.partials"),
+            input_topic=common.topic(Topic.COMPUTE_PARTIALS),
             group_id=settings.group_id(job.name, "merge"),
             transactional_id=settings.transactional_id(job.name, "merge"),
-            dlq_topic=common.topic("compute.dlq"),
-            changelog_topic=common.topic("compute.changelog"),
+            dlq_topic=common.topic(Topic.COMPUTE_DLQ),
+            changelog_topic=common.topic(Topic.COMPUTE_CHANGELOG),
         )
         loops.append(merge_loop)
         stores = merge_loop.stores

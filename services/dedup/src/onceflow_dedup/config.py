@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from onceflow import topology
 from onceflow.config import CommonSettings, LoopSettings
 
 from onceflow_dedup.buckets import BucketSpec
@@ -49,8 +50,8 @@ class DedupSettings(BaseSettings):
 
     @property
     def transactional_id(self) -> str:
-        return f"{self.common.topic_prefix}onceflow-dedup-{self.instance}"
+        return topology.DEDUP.transactional_id(self.common.topic_prefix, self.instance)
 
     @property
     def group_id(self) -> str:
-        return f"{self.common.topic_prefix}onceflow-dedup"
+        return topology.DEDUP.group_id(self.common.topic_prefix)

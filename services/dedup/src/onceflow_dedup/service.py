@@ -7,10 +7,11 @@ import functools
 
 from onceflow.admin import ServerTLS, ServiceServer, Tokens
 from onceflow.admin.loop_controls import LoopControls
-from onceflow.redis_client import connect
 from onceflow.kafka.inspect import partitions_of
+from onceflow.redis_client import connect
 from onceflow.runner import run_loop_service
 from onceflow.state.redis_store import RedisWatch
+from onceflow.topology import Topic
 from onceflow.txn import TransactionalLoop
 from onceflow.v1 import dedup_pb2, dedup_pb2_grpc
 
@@ -26,8 +27,8 @@ def build(settings: DedupSettings) -> tuple[TransactionalLoop, ServiceServer]:
     client.ping()  # fail at startup, with the URL in the error, rather than at the first record
     spec = settings.spec
     watch = RedisWatch(client)
-    gate = DedupGate(common.topic("dedup.records"), settings.ack_mode, settings.rekey, settings.gc_limit)
-    input_topic = common.topic("ingest.records")
+    gate = DedupGate(common.topic(Topic.DEDUP_RECORDS), settings.ack_mode, settings.rekey, settings.gc_limit)
+    input_topic = common.topic(Topic.INGEST_RECORDS)
     loop = TransactionalLoop(
         stage=gate,
         common=common,
@@ -35,8 +36,8 @@ def build(settings: DedupSettings) -> tuple[TransactionalLoop, ServiceServer]:
         input_topic=input_topic,
         group_id=settings.group_id,
         transactional_id=settings.transactional_id,
-        dlq_topic=common.topic("dedup.dlq"),
-        changelog_topic=common.topic("dedup.changelog"),
+        dlq_topic=common.topic(Topic.DEDUP_DLQ),
+        changelog_topic=common.topic(Topic.DEDUP_CHANGELOG),
         store_factory=lambda partition: exact.DedupStore(
             client, common.topic_prefix, partition, spec, use_filters=settings.filters_enabled, watch=watch,
             wait_replicas=common.redis_wait_replicas, wait_timeout_ms=common.redis_wait_timeout_ms,

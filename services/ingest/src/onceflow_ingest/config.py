@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from onceflow import topology
 from onceflow.config import CommonSettings, LoopSettings
 
 RECORD_ID_MAX_BYTES = 256  # part of the contract (docs/services/ingest.md), not a tunable
@@ -57,12 +58,12 @@ class IngestSettings(BaseSettings):
 
     @property
     def transactional_id(self) -> str:
-        return f"{self.common.topic_prefix}onceflow-ingest-{self.instance}"
+        return topology.INGEST.transactional_id(self.common.topic_prefix, self.instance)
 
     @property
     def replayer_transactional_id(self) -> str:
-        return f"{self.common.topic_prefix}onceflow-ingest-replayer-{self.instance}"
+        return topology.INGEST_REPLAYER.transactional_id(self.common.topic_prefix, self.instance)
 
     @property
     def replayer_group_id(self) -> str:
-        return f"{self.common.topic_prefix}onceflow-ingest-replayer"
+        return topology.INGEST_REPLAYER.group_id(self.common.topic_prefix)

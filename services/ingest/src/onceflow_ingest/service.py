@@ -5,20 +5,21 @@ from __future__ import annotations
 import logging
 import threading
 
-from onceflow import acks, metrics
+from onceflow import metrics
 from onceflow.admin import RESERVED_FOR_ADMIN, ServerTLS, ServiceServer, StatusSnapshot, Tokens
 from onceflow.kafka.inspect import wait_partition_count
 from onceflow.runner import on_stop_signals
+from onceflow.topology import Topic
 from onceflow.txn import TransactionalLoop
 from onceflow.txn.errors import EXIT_FENCED, EXIT_OK, EXIT_RESTART
 from onceflow.v1 import ingest_pb2, ingest_pb2_grpc
 
 from onceflow_ingest.committer import Acking, GroupCommitter
+from onceflow_ingest.config import IngestSettings
 from onceflow_ingest.replay import OriginalFetcher, ReplayStage
+from onceflow_ingest.servicer import IngestServicer
 from onceflow_ingest.trees import InFlightTrees
 from onceflow_ingest.watcher import EventWatcher
-from onceflow_ingest.config import IngestSettings
-from onceflow_ingest.servicer import IngestServicer
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ class IngestService:
         self._stop = threading.Event()
         self._state = "RUNNING"
         common = settings.common
-        ingest_topic = common.topic("ingest.records")
+        ingest_topic = common.topic(Topic.INGEST_RECORDS)
         self.trees: InFlightTrees | None = None
         self.watcher: EventWatcher | None = None
         self.replayer: TransactionalLoop | None = None
@@ -56,22 +57,22 @@ class IngestService:
         acking = None
         if settings.acking:
             self.trees = InFlightTrees(settings.max_attempts)
-            acks_topic = common.topic(acks.ACKS_TOPIC)
+            acks_topic = common.topic(Topic.ACKER_ACKS)
             partitions = wait_partition_count(common, acks_topic, self._stop)
             acking = Acking(self.trees, acks_topic, partitions, settings.tree_timeout_ms)
-            self.watcher = EventWatcher(common, common.topic(acks.EVENTS_TOPIC), self.trees)
+            self.watcher = EventWatcher(common, common.topic(Topic.ACKER_EVENTS), self.trees)
             self.replay_stage = ReplayStage(
-                OriginalFetcher(common, ingest_topic), ingest_topic, common.topic("ingest.dlq"),
-                common.topic(acks.ACKS_TOPIC), settings.max_attempts, settings.tree_timeout_ms,
+                OriginalFetcher(common, ingest_topic), ingest_topic, common.topic(Topic.INGEST_DLQ),
+                common.topic(Topic.ACKER_ACKS), settings.max_attempts, settings.tree_timeout_ms,
             )
             self.replayer = TransactionalLoop(
                 stage=self.replay_stage,
                 common=common,
                 settings=settings.loop,
-                input_topic=common.topic(acks.EVENTS_TOPIC),
+                input_topic=common.topic(Topic.ACKER_EVENTS),
                 group_id=settings.replayer_group_id,
                 transactional_id=settings.replayer_transactional_id,
-                dlq_topic=common.topic("ingest.dlq"),
+                dlq_topic=common.topic(Topic.INGEST_DLQ),
             )
         self.committer = GroupCommitter(
             common,
@@ -158,7 +159,7 @@ class IngestService:
         self.server.start()
         log.info(
             "ingest ready: writing %s as %s (acking %s)",
-            self.settings.common.topic("ingest.records"), self.settings.transactional_id,
+            self.settings.common.topic(Topic.INGEST_RECORDS), self.settings.transactional_id,
             "on" if self.settings.acking else "off",
         )
         code = EXIT_OK

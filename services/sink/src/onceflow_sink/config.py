@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from onceflow import topology
 from onceflow.config import CommonSettings, LoopSettings
 
 
@@ -23,8 +24,8 @@ class SinkSettings(BaseSettings):
 
     @property
     def transactional_id(self) -> str:
-        return f"{self.common.topic_prefix}onceflow-sink-{self.instance}"
+        return topology.SINK.transactional_id(self.common.topic_prefix, self.instance)
 
     @property
     def group_id(self) -> str:
-        return f"{self.common.topic_prefix}onceflow-sink"
+        return topology.SINK.group_id(self.common.topic_prefix)

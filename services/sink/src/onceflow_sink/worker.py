@@ -36,6 +36,7 @@ from onceflow.config import CommonSettings, LoopSettings
 from onceflow.kafka import clients
 from onceflow.kafka.inspect import wait_partition_count
 from onceflow.state.store import StoreUnavailable
+from onceflow.topology import Topic
 from onceflow.txn.errors import EXIT_FENCED, EXIT_OK, EXIT_RESTART, ConsumerStuck, FencedError
 from onceflow.txn.membership import watch_membership
 from onceflow.txn.offsets import committed_offsets
@@ -84,9 +85,9 @@ class SinkWorker:
         self._group_id = group_id
         self._transactional_id = transactional_id
         self._acking = acking
-        self.topic = common.topic("compute.results")
-        self._dlq = common.topic("sink.dlq")
-        self._acks_topic = common.topic(acks.ACKS_TOPIC)
+        self.topic = common.topic(Topic.COMPUTE_RESULTS)
+        self._dlq = common.topic(Topic.SINK_DLQ)
+        self._acks_topic = common.topic(Topic.ACKER_ACKS)
         self._stop = threading.Event()
         self.owned: dict[int, Ownership] = {}
         self.stats = SinkStats()

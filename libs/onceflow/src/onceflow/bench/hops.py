@@ -26,6 +26,7 @@ from onceflow.kafka import clients
 from onceflow.kafka.inspect import end_offsets
 from onceflow.process import ServiceProcess, free_port, pipeline_service
 from onceflow.redis_client import connect, delete_prefix
+from onceflow.topology import Topic
 from onceflow.v1 import admin_pb2, admin_pb2_grpc
 
 QUIX_DIR = Path("bench") / "peers" / "quix"
@@ -145,8 +146,8 @@ def dedup(options: HopOptions) -> BacklogRun:
     from onceflow_dedup.config import DedupSettings
 
     with _namespace("dedup") as common:
-        watch = GroupWatch(common, DedupSettings(common=common).group_id, common.topic("ingest.records"))
-        return _run_service("dedup", common, options, watch, "ingest.records", key=lambda r: r.record_id)
+        watch = GroupWatch(common, DedupSettings(common=common).group_id, common.topic(Topic.INGEST_RECORDS))
+        return _run_service("dedup", common, options, watch, Topic.INGEST_RECORDS, key=lambda r: r.record_id)
 
 
 def _all_read(common: CommonSettings, watch: GroupWatch, topic: str) -> Callable[[], bool]:
@@ -168,12 +169,12 @@ def compute(options: HopOptions) -> BacklogRun:
 
     with _namespace("compute") as common:
         settings = ComputeSettings(common=common)
-        watch = GroupWatch(common, settings.group_id(workload.JOB, "map"), common.topic("dedup.records"))
-        merge = GroupWatch(common, settings.group_id(workload.JOB, "merge"), common.topic("compute.partials"))
+        watch = GroupWatch(common, settings.group_id(workload.JOB, "map"), common.topic(Topic.DEDUP_RECORDS))
+        merge = GroupWatch(common, settings.group_id(workload.JOB, "merge"), common.topic(Topic.COMPUTE_PARTIALS))
         try:
             return _run_service(
-                "compute", common, options, watch, "dedup.records", key=lambda r: r.user,
-                finished=_all_read(common, merge, "compute.partials"), JOB=workload.JOB,
+                "compute", common, options, watch, Topic.DEDUP_RECORDS, key=lambda r: r.user,
+                finished=_all_read(common, merge, Topic.COMPUTE_PARTIALS), JOB=workload.JOB,
             )
         finally:
             merge.close()

@@ -13,6 +13,7 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from onceflow.config import CommonSettings
 from onceflow.kafka import clients
 from onceflow.kafka.inspect import partitions_of
+from onceflow.topology import Topic
 from onceflow.v1.acker_pb2 import TreeEvent
 
 
@@ -31,7 +32,7 @@ class TreeLog(threading.Thread):
         self.failed = 0
 
     def run(self) -> None:
-        topic = self._common.topic("acker.events")
+        topic = self._common.topic(Topic.ACKER_EVENTS)
         reader = clients.reader(self._common, **{"enable.partition.eof": False})
         reader.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions_of(self._common, topic)])
         try:

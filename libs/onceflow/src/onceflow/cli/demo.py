@@ -34,6 +34,7 @@ from onceflow.infra.topics import delete_topics, ensure_topics
 from onceflow.kafka import inspect
 from onceflow.process import ServiceProcess, free_port, pipeline_service
 from onceflow.redis_client import connect, delete_prefix
+from onceflow.topology import Topic
 from onceflow.workloads import auctionbids, nexmark
 from onceflow.workloads.senders import Senders
 
@@ -176,10 +177,10 @@ def _report(
     expected = {f"nexmark:{e.number}" for e in arrivals}
     sent_again = senders.sent_again
     with console.status("reading ingest.records and dedup.records back (read_committed) ..."):
-        ingested = [decode_envelope(r.value) for r in inspect.read_committed(common, common.topic("ingest.records"))]
-        passed = Counter(decode_envelope(r.value).record_id for r in inspect.read_committed(common, common.topic("dedup.records")))
+        ingested = [decode_envelope(r.value) for r in inspect.read_committed(common, common.topic(Topic.INGEST_RECORDS))]
+        passed = Counter(decode_envelope(r.value).record_id for r in inspect.read_committed(common, common.topic(Topic.DEDUP_RECORDS)))
         hanging = inspect.hanging_transactions(
-            common, [common.topic(t) for t in ("ingest.records", "dedup.records", "compute.partials", "compute.results")]
+            common, [common.topic(t) for t in (Topic.INGEST_RECORDS, Topic.DEDUP_RECORDS, Topic.COMPUTE_PARTIALS, Topic.COMPUTE_RESULTS)]
         )
     # Attempt 1 is what clients sent; later attempts are ingest's replays of timed-out trees.
     client_copies = Counter(e.record_id for e in ingested if e.attempt == 1)

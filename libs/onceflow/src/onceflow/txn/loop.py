@@ -21,12 +21,13 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
-from onceflow import acks, faults, metrics
+from onceflow import faults, metrics
 from onceflow.config import CommonSettings, LoopSettings
 from onceflow.kafka import clients
 from onceflow.kafka.inspect import wait_partition_count
 from onceflow.state.store import KeyValueStore, MemoryStore, StoreDiverged, StoreUnavailable
 from onceflow.state.stores import PartitionStores
+from onceflow.topology import Topic
 from onceflow.txn.batch import Batch, Stage
 from onceflow.txn.errors import EXIT_FENCED, EXIT_OK, EXIT_RESTART, ConsumerStuck, FencedError
 from onceflow.txn.membership import watch_membership
@@ -103,7 +104,7 @@ class TransactionalLoop:
         self._consumer: Consumer | None = None
         self._paused_now = False
         self._last_progress = 0.0
-        self._acks_topic = common.topic(acks.ACKS_TOPIC)
+        self._acks_topic = common.topic(Topic.ACKER_ACKS)
         self._ack_partitions = 1
         self._punctuate: Callable[[Batch], None] | None = getattr(stage, "punctuate", None)
         self._next_punctuation = 0.0

@@ -28,21 +28,28 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from onceflow.acks import ACKS_TOPIC, EVENTS_TOPIC
+from onceflow import topology
 from onceflow.codec import decode_envelope
 from onceflow.config import CommonSettings
 from onceflow.kafka.inspect import (
-    TopicRecord, consumed_everything, end_offsets, hanging_transactions, latest_by_key, partitions_of, read_committed,
+    TopicRecord,
+    consumed_everything,
+    end_offsets,
+    hanging_transactions,
+    latest_by_key,
+    partitions_of,
+    read_committed,
     read_uncommitted,
 )
 from onceflow.redis_client import connect
+from onceflow.topology import Topic
 from onceflow.v1.acker_pb2 import AckerBatch, AckerMessage, TreeEvent
 from onceflow.v1.envelope_pb2 import DeadLetter, Envelope
 
-DLQ_TOPICS = ("ingest.dlq", "acker.dlq", "dedup.dlq", "compute.dlq", "sink.dlq")
+DLQ_TOPICS = topology.DLQS
 PIPELINE_TOPICS = (
-    "ingest.records", "acker.acks", "acker.events", "acker.changelog", "dedup.records", "dedup.changelog",
-    "compute.partials", "compute.results", "compute.changelog", "compute.late", *DLQ_TOPICS,
+    Topic.INGEST_RECORDS, Topic.ACKER_ACKS, Topic.ACKER_EVENTS, Topic.ACKER_CHANGELOG, Topic.DEDUP_RECORDS, Topic.DEDUP_CHANGELOG,
+    Topic.COMPUTE_PARTIALS, Topic.COMPUTE_RESULTS, Topic.COMPUTE_CHANGELOG, Topic.COMPUTE_LATE, *DLQ_TOPICS,
 )
 _SHOWN = 20  # ids listed per problem in the report
 
@@ -132,21 +139,21 @@ def undrained(common: CommonSettings, job: str) -> list[str]:
     open_txns = _open_transactions(ends_before)
     if open_txns:
         return [f"open transaction on {name} {parts}" for name, parts in open_txns.items()]
-    groups = (
-        ("onceflow-dedup", "ingest.records"), (f"onceflow-compute-{job}-map", "dedup.records"),
-        (f"onceflow-compute-{job}-merge", "compute.partials"), ("onceflow-acker", ACKS_TOPIC),
-        ("onceflow-ingest-replayer", EVENTS_TOPIC),
-    )
-    behind = [f"{prefix}{group} on {name}" for group, name in groups if not consumed_everything(common, prefix + group, topic(name))]
+    behind = [
+        f"{hop.group_id(prefix, job)} on {hop.input}"
+        for hop in topology.HOPS
+        if hop.input is not None and hop.offsets_in_kafka  # the sink's offsets: checked below
+        and not consumed_everything(common, hop.group_id(prefix, job), topic(hop.input))
+    ]
     if behind:
         return behind
-    pending_trees = len(latest_by_key(read_committed(common, topic("acker.changelog"))))
+    pending_trees = len(latest_by_key(read_committed(common, topic(Topic.ACKER_CHANGELOG))))
     if pending_trees:
         return [f"acker: {pending_trees} trees undecided"]
     client = connect(common.redis_url)
     try:
         tables = ResultTables(client, prefix)
-        results = topic("compute.results")
+        results = topic(Topic.COMPUTE_RESULTS)
         applied = {p: int(client.hget(tables.meta_key(p), "offset") or -1) for p in partitions_of(common, results)}
     finally:
         client.close()
@@ -174,7 +181,7 @@ def dedup_store_diff(common: CommonSettings) -> list[str]:
     """The record_ids where Redis' exact store and the fold of dedup.changelog disagree."""
     from onceflow_dedup.store import StoreKeys  # the key layout lives with its service
 
-    changelog = common.topic("dedup.changelog")
+    changelog = common.topic(Topic.DEDUP_CHANGELOG)
     truth: dict[int, dict[bytes, bytes]] = {p: {} for p in partitions_of(common, changelog)}
     for (partition, key), value in latest_by_key(read_committed(common, changelog)).items():
         truth[partition][key] = value
@@ -199,15 +206,15 @@ def check(
     still_undrained: list[str] | None = None,
 ) -> Verdict:
     topic = common.topic
-    ingest_committed = read_committed(common, topic("ingest.records"))
-    gate_committed = read_committed(common, topic("dedup.records"))
-    ingest_aborted = _aborted(ingest_committed, read_uncommitted(common, topic("ingest.records")))
-    gate_aborted = _aborted(gate_committed, read_uncommitted(common, topic("dedup.records")))
+    ingest_committed = read_committed(common, topic(Topic.INGEST_RECORDS))
+    gate_committed = read_committed(common, topic(Topic.DEDUP_RECORDS))
+    ingest_aborted = _aborted(ingest_committed, read_uncommitted(common, topic(Topic.INGEST_RECORDS)))
+    gate_aborted = _aborted(gate_committed, read_uncommitted(common, topic(Topic.DEDUP_RECORDS)))
 
     passed = [decode_envelope(r.value) for r in gate_committed]
     through_gate = Counter(e.record_id for e in passed)
     dead = [rid for name in DLQ_TOPICS for rid in _dead_letter_ids(read_committed(common, topic(name), timeout_s=60))]
-    late = _dead_letter_ids(read_committed(common, topic("compute.late"), timeout_s=60))
+    late = _dead_letter_ids(read_committed(common, topic(Topic.COMPUTE_LATE), timeout_s=60))
     accounted = set(through_gate) | set(dead)
     lost = sorted(expected_ids - accounted)
     duplicated = sorted(rid for rid, n in through_gate.items() if n > 1)
@@ -216,14 +223,14 @@ def check(
     # Aborted reads: a gate output of an aborted ingest write, an ack of an aborted edge.
     aborted_edges = ingest_aborted.edges | gate_aborted.edges
     read_aborted = [f"dedup.records: {e.record_id} of aborted root {e.root_id}" for e in passed if e.root_id in ingest_aborted.roots]
-    for record in read_committed(common, topic(ACKS_TOPIC)):
+    for record in read_committed(common, topic(Topic.ACKER_ACKS)):
         for message in AckerBatch.FromString(record.value).messages:
             if message.kind == AckerMessage.ACK and message.xor_value in aborted_edges:
                 read_aborted.append(f"acker.acks: {message.stage} acked the aborted edge {message.xor_value}")
 
     completed = {
         event.origin.record_id
-        for event in (TreeEvent.FromString(r.value) for r in read_committed(common, topic(EVENTS_TOPIC)) if r.value)
+        for event in (TreeEvent.FromString(r.value) for r in read_committed(common, topic(Topic.ACKER_EVENTS)) if r.value)
         if event.outcome == TreeEvent.COMPLETED
     }
     hanging = hanging_transactions(common, [topic(t) for t in PIPELINE_TOPICS], wait_s=hanging_wait_s)

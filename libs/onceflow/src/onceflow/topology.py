@@ -1,0 +1,96 @@
+"""The pipeline's shape, in one place: every topic, and per hop what it reads, writes and records.
+
+`infra/topics.toml` says how each topic is created (partitions, compaction, replication); this
+module says who uses it. `libs/onceflow/tests/test_topology.py` checks that the two declare the
+same topics, that every changelog has its input's partitions, that every hop's input is written
+by a hop before it, and that docs/topics.md's table lists them all. Services, the verifier and
+the benchmarks name topics, consumer groups and transactional ids only through here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Topic(StrEnum):
+    """Every topic's name, before ONCEFLOW_TOPIC_PREFIX (`CommonSettings.topic` adds it)."""
+
+    INGEST_RECORDS = "ingest.records"
+    INGEST_DLQ = "ingest.dlq"
+    ACKER_ACKS = "acker.acks"
+    ACKER_EVENTS = "acker.events"
+    ACKER_CHANGELOG = "acker.changelog"
+    ACKER_DLQ = "acker.dlq"
+    DEDUP_RECORDS = "dedup.records"
+    DEDUP_CHANGELOG = "dedup.changelog"
+    DEDUP_DLQ = "dedup.dlq"
+    COMPUTE_PARTIALS = "compute.partials"
+    COMPUTE_RESULTS = "compute.results"
+    COMPUTE_CHANGELOG = "compute.changelog"
+    COMPUTE_EVENTTIME = "compute.eventtime"
+    COMPUTE_LATE = "compute.late"
+    COMPUTE_DLQ = "compute.dlq"
+    SINK_DLQ = "sink.dlq"
+
+
+@dataclass(frozen=True)
+class Hop:
+    """One transactional step. `name` is the stem of its consumer group and transactional ids;
+    a compute hop's has a `{job}` slot, since each job's hops are groups of their own."""
+
+    service: str
+    name: str
+    input: Topic | None  # None: ingest takes records from gRPC calls
+    outputs: tuple[Topic, ...]
+    dlq: Topic
+    changelog: Topic | None = None  # state restored from Kafka; partition n = input partition n
+    offsets_in_kafka: bool = True  # False: the sink keeps its offsets in Redis, fenced
+
+    def group_id(self, prefix: str, job: str = "") -> str:
+        return f"{prefix}{self.name.format(job=job)}"
+
+    def transactional_id(self, prefix: str, instance: str, job: str = "") -> str:
+        return f"{self.group_id(prefix, job)}-{instance}"
+
+
+INGEST = Hop("ingest", "onceflow-ingest", None, (Topic.INGEST_RECORDS, Topic.ACKER_ACKS), Topic.INGEST_DLQ)
+INGEST_REPLAYER = Hop(
+    "ingest", "onceflow-ingest-replayer", Topic.ACKER_EVENTS, (Topic.INGEST_RECORDS, Topic.ACKER_ACKS), Topic.INGEST_DLQ
+)
+ACKER = Hop("acker", "onceflow-acker", Topic.ACKER_ACKS, (Topic.ACKER_EVENTS,), Topic.ACKER_DLQ, Topic.ACKER_CHANGELOG)
+DEDUP = Hop(
+    "dedup", "onceflow-dedup", Topic.INGEST_RECORDS, (Topic.DEDUP_RECORDS, Topic.ACKER_ACKS), Topic.DEDUP_DLQ,
+    Topic.DEDUP_CHANGELOG,
+)
+# A transform job's map hop writes result rows itself; an aggregating job's writes partials.
+COMPUTE_MAP = Hop(
+    "compute", "onceflow-compute-{job}-map", Topic.DEDUP_RECORDS,
+    (Topic.COMPUTE_PARTIALS, Topic.COMPUTE_RESULTS, Topic.COMPUTE_LATE, Topic.ACKER_ACKS), Topic.COMPUTE_DLQ,
+    Topic.COMPUTE_EVENTTIME,
+)
+COMPUTE_MERGE = Hop(
+    "compute", "onceflow-compute-{job}-merge", Topic.COMPUTE_PARTIALS, (Topic.COMPUTE_RESULTS,), Topic.COMPUTE_DLQ,
+    Topic.COMPUTE_CHANGELOG,
+)
+# The sink's main output is Redis; it acks the rows that carry a tree's edges.
+SINK = Hop("sink", "onceflow-sink", Topic.COMPUTE_RESULTS, (Topic.ACKER_ACKS,), Topic.SINK_DLQ, offsets_in_kafka=False)
+
+# In the order a record meets them (the replayer and the acker close the loop back to ingest).
+HOPS: tuple[Hop, ...] = (INGEST, DEDUP, COMPUTE_MAP, COMPUTE_MERGE, SINK, ACKER, INGEST_REPLAYER)
+DLQS: tuple[Topic, ...] = tuple(dict.fromkeys(hop.dlq for hop in HOPS))
+
+
+def hops_of(service: str) -> tuple[Hop, ...]:
+    return tuple(hop for hop in HOPS if hop.service == service)
+
+
+def describe() -> str:
+    """One line per hop: what `onceflow topology` prints and docs/architecture.md shows."""
+    lines = []
+    for hop in HOPS:
+        source = hop.input or "gRPC Ingest"
+        targets = ", ".join(["Redis tables"] * (not hop.offsets_in_kafka) + [str(t) for t in hop.outputs])
+        state = f"; state {hop.changelog}" if hop.changelog else ""
+        lines.append(f"{hop.name}: {source} -> {targets}{state}; dead letters {hop.dlq}")
+    return "\n".join(lines)
