@@ -25,7 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from onceflow.codec import encode_envelope, new_id, now_ms
 from onceflow.topology import Topic
-from onceflow.txn.loop import EXIT_FENCED
+from onceflow.txn.errors import EXIT_FENCED
 from onceflow.v1 import compute_pb2, compute_pb2_grpc
 from onceflow.v1.envelope_pb2 import DeadLetter, Envelope
 from tests.conftest import SHORT_LIVED_COMPUTE, Pipeline, eventually, free_port

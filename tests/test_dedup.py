@@ -23,7 +23,7 @@ from onceflow.kafka.inspect import consumed_everything
 from onceflow.redis_client import connect
 from onceflow.topology import Topic
 from onceflow.txn.errors import EXIT_RESTART
-from onceflow.txn.loop import EXIT_FENCED
+from onceflow.txn.errors import EXIT_FENCED
 from onceflow.v1 import dedup_pb2, dedup_pb2_grpc
 from onceflow.v1.acker_pb2 import RecordRef, TreeEvent
 from onceflow.v1.envelope_pb2 import DeadLetter

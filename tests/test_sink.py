@@ -18,7 +18,7 @@ from confluent_kafka import Producer
 from onceflow.admin import fleet
 from onceflow.redis_client import connect
 from onceflow.topology import Topic
-from onceflow.txn.loop import EXIT_FENCED
+from onceflow.txn.errors import EXIT_FENCED
 from onceflow.v1 import sink_pb2, sink_pb2_grpc
 from onceflow.v1.acker_pb2 import AckerBatch
 from onceflow.v1.envelope_pb2 import DeadLetter

@@ -1,6 +1,7 @@
-"""The sink takes the shared rule for a consumer that cannot learn its committed offsets: after
-the tries of ``onceflow.txn.offsets`` it ends with exit 4 so that a new process takes over,
-as the shared loop does (one rule, one place)."""
+"""The sink runs on the shared consumer driver, so it takes the driver's rule for a consumer
+that cannot learn its committed offsets: after the tries of ``onceflow.txn.offsets`` it ends
+with exit 4 so that a new process takes over, as every other hop does (one rule, one place:
+only the driver's module is patched here)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from onceflow.config import CommonSettings, LoopSettings
 from onceflow.topology import Topic
-from onceflow.txn import offsets
+from onceflow.txn import driver, offsets
 from onceflow.txn.errors import EXIT_RESTART
 
 from onceflow_sink import worker as worker_module
@@ -42,6 +43,11 @@ class _ConsumerWhoseGroupNeverAnswers:
         pass
 
 
+class _Membership:
+    def observe(self, _consumer: Any) -> None:
+        pass
+
+
 class _Tables:
     def watch_identity(self) -> None:
         pass
@@ -50,11 +56,14 @@ class _Tables:
 def test_a_sink_whose_consumer_gets_no_committed_offsets_exits_for_a_restart(monkeypatch: pytest.MonkeyPatch) -> None:
     consumer = _ConsumerWhoseGroupNeverAnswers()
     monkeypatch.setattr(offsets, "COMMITTED_TRIES", 2)
-    monkeypatch.setattr(worker_module, "open_producer", lambda *_args, **_kwargs: object())
-    monkeypatch.setattr(worker_module.clients, "consumer", lambda *_args, **_kwargs: consumer)
+    monkeypatch.setattr(driver, "open_producer", lambda *_args, **_kwargs: object())
+    monkeypatch.setattr(driver, "wait_partition_count", lambda *_args, **_kwargs: 4)
+    monkeypatch.setattr(driver, "watch_membership", lambda *_args, **_kwargs: _Membership())
+    monkeypatch.setattr(driver.clients, "consumer", lambda *_args, **_kwargs: consumer)
     sink = worker_module.SinkWorker(
         CommonSettings(), LoopSettings(), _Tables(), group_id="g", transactional_id="t", acking=False,  # type: ignore[arg-type]
     )
     assert sink.run() == EXIT_RESTART
     assert consumer.committed_calls == 2
     assert "no committed offsets for [0] after 2 tries" in sink.stats.last_error
+    assert sink.state is driver.LoopState.STOPPED

@@ -1,4 +1,4 @@
-"""The lifecycle every loop-based service shares: metrics, gRPC server, the loop on the main
+"""The lifecycle every consuming service shares (all but ingest): metrics, gRPC server, the loop on the main
 thread, SIGTERM = finish the batch, commit, leave the group, stop serving."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 from onceflow import metrics
 from onceflow.admin.server import ServiceServer
-from onceflow.txn.loop import TransactionalLoop
+from onceflow.txn.driver import ConsumerDriver
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ def on_stop_signals(stop: Callable[[], None]) -> None:
 
 
 def run_loop_service(
-    loops: TransactionalLoop | Sequence[TransactionalLoop],
+    loops: ConsumerDriver | Sequence[ConsumerDriver],
     server: ServiceServer,
     metrics_port: int,
     host: str,
@@ -39,7 +39,7 @@ def run_loop_service(
     thread each. When one ends (SIGTERM, or fenced), all stop; the worst exit code wins, so a
     fenced hop makes the process exit 3 like a fenced single loop. gRPC health is SERVING
     only while every loop's stage is healthy."""
-    loops = [loops] if isinstance(loops, TransactionalLoop) else list(loops)
+    loops = [loops] if isinstance(loops, ConsumerDriver) else list(loops)
 
     def stop_all() -> None:
         for loop in loops:
@@ -69,7 +69,7 @@ def run_loop_service(
 
     for index, loop in enumerate(loops):
         loop.health_listener = listener(index)
-    threads = [threading.Thread(target=run, args=(i,), name=f"loop-{loops[i].stage.name}") for i in range(1, len(loops))]
+    threads = [threading.Thread(target=run, args=(i,), name=f"loop-{loops[i].name}") for i in range(1, len(loops))]
     for thread in threads:
         thread.start()
     run(0)

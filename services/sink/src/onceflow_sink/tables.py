@@ -28,7 +28,12 @@ import redis
 from google.protobuf.message import DecodeError
 
 from onceflow.state.redis_store import (
-    RedisWatch, decode, expect, take_token, unavailable_on_error, wait_for_replicas,
+    RedisWatch,
+    decode,
+    expect,
+    take_token,
+    unavailable_on_error,
+    wait_for_replicas,
 )
 from onceflow.v1.sink_pb2 import ScanPosition
 

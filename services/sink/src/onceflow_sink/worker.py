@@ -22,25 +22,22 @@ answers again; nothing is skipped meanwhile.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
 from onceflow import acks, faults, metrics
 from onceflow.codec import now_ms
 from onceflow.config import CommonSettings, LoopSettings
-from onceflow.kafka import clients
-from onceflow.kafka.inspect import wait_partition_count
 from onceflow.state.store import StoreUnavailable
 from onceflow.topology import Topic
-from onceflow.txn.errors import EXIT_FENCED, EXIT_OK, EXIT_RESTART, ConsumerStuck, FencedError
-from onceflow.txn.membership import watch_membership
+from onceflow.txn.driver import ConsumerDriver, LoopStats
+from onceflow.txn.errors import FencedError
 from onceflow.txn.offsets import committed_offsets
-from onceflow.txn.producer import TransactionalProducer, TxnOutcome, open_producer
+from onceflow.txn.producer import TxnOutcome
 from onceflow.v1.envelope_pb2 import DeadLetter
 from onceflow.v1.results_pb2 import ResultChange
 
@@ -56,142 +53,72 @@ class Ownership:
     token: int
     applied: int  # last offset applied to Redis, -1 for none
     letters_done: int  # offsets below this already have their dead letters
-    lag: int = 0
     # A rebuild replays offsets up to here: their acks were sent before.
     replay_until: int = -1
     rebuild_started: float = 0.0
 
 
 @dataclass
-class SinkStats:
-    applied: int = 0
-    dead_letters: int = 0
+class SinkStats(LoopStats):
+    """The driver's counters (records_out: changes applied to Redis) and the sink's own."""
+
     acks_lost: int = 0
-    transactions: int = 0
-    aborted: int = 0
-    last_error: str = ""
     redis_repairs: int = 0
     last_repair: str = ""
 
 
-class SinkWorker:
+class SinkWorker(ConsumerDriver):
+    """The driver with external offsets: a batch's effects and its offset go to Redis in one
+    fenced script call; dead letters and acks go to Kafka in transactions of their own."""
+
     def __init__(
         self, common: CommonSettings, loop: LoopSettings, tables: ResultTables, group_id: str, transactional_id: str,
         acking: bool,
     ) -> None:
-        self._common = common
-        self._loop = loop
+        self.stats: SinkStats
+        super().__init__(
+            name="sink", common=common, settings=loop, input_topic=common.topic(Topic.COMPUTE_RESULTS),
+            group_id=group_id, transactional_id=transactional_id, stats=SinkStats(),
+        )
         self._tables = tables
-        self._group_id = group_id
-        self._transactional_id = transactional_id
         self._acking = acking
-        self.topic = common.topic(Topic.COMPUTE_RESULTS)
+        self.topic = self.input_topic
         self._dlq = common.topic(Topic.SINK_DLQ)
-        self._acks_topic = common.topic(Topic.ACKER_ACKS)
-        self._stop = threading.Event()
         self.owned: dict[int, Ownership] = {}
-        self.stats = SinkStats()
-        self.state = "STARTING"
-        self._consumer: Consumer | None = None
-        self._producer: TransactionalProducer | None = None
-        self._ack_partitions = 1
-        self.paused = False
-        self.pause_state = "PAUSED"  # or DRAINED: what Status says while paused
-        self._paused_now = False
-        self._idle = threading.Event()
-        self._last_lag_sample = 0.0
         self._next_audit = 0.0
         self._unavailable = 0  # consecutive StoreUnavailable, for the backoff
-        # Told False while Redis is unavailable, True once it answers again (gRPC health).
-        self.health_listener: Callable[[bool], None] = lambda _serving: None
 
-    def stop(self) -> None:
-        self._stop.set()
+    # -- the driver's hooks ----------------------------------------------------------------
 
-    def run(self) -> int:
+    def _housekeeping(self) -> None:
+        self._guarded(self._audit)
+
+    def _handle(self, records: list[Message]) -> None:
+        batches: dict[int, list[Message]] = defaultdict(list)
+        for record in records:
+            batches[record.partition()].append(record)
+
+        def apply() -> None:
+            for partition, batch in batches.items():
+                if partition in self.owned:  # not revoked by a rebalance during this poll
+                    self._apply_batch(partition, batch)
+
+        self._guarded(apply)
+
+    def _guarded(self, operation: Callable[[], None]) -> None:
         try:
-            self._producer = open_producer(self._common, self._transactional_id, stop=self._stop)
-            if self._acking:
-                self._ack_partitions = wait_partition_count(self._common, self._acks_topic, self._stop) or 1
-            self._consumer = clients.consumer(
-                self._common, self._group_id, **{"session.timeout.ms": self._loop.session_timeout_ms}
-            )
-            self._consumer.subscribe(
-                [self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
-            )
-            membership = watch_membership(self._common, self._group_id)
-            self.state = "RUNNING"
-            while not self._stop.is_set():
-                if self._apply_pause():
-                    self._consumer.consume(1, 0.1)  # paused: only serves rebalance callbacks
-                    continue
-                try:
-                    self._audit()
-                    self._poll_once()
-                    membership.observe(self._consumer)
-                except StoreUnavailable as exc:
-                    self._store_unavailable(exc)
-                    continue
-                if self._unavailable:
-                    log.info("sink: Redis answers again after %d tries", self._unavailable)
-                    self._unavailable = 0
-                    self.health_listener(True)
-            self.state = "STOPPED"
-            return EXIT_OK
-        except FencedError as exc:
-            self.state = "FENCED"
-            self.stats.last_error = str(exc)
-            log.error("sink: fenced, this instance is a zombie and stops: %s", exc)
-            return EXIT_FENCED
-        except ConsumerStuck as exc:  # raised in a rebalance callback or a rewind, out of poll
-            self.state = "STOPPED"
-            self.stats.last_error = str(exc)
-            log.error("sink: %s; exiting so that a new process takes over", exc)
-            return EXIT_RESTART
-        finally:
-            if self._consumer is not None:
-                try:
-                    self._consumer.close()
-                except Exception:  # noqa: BLE001 - closing after a fence may fail, nothing to save
-                    log.debug("consumer close failed", exc_info=True)
+            operation()
+        except StoreUnavailable as exc:
+            self._store_unavailable(exc)
+            return
+        if self._unavailable:
+            log.info("sink: Redis answers again after %d tries", self._unavailable)
+            self._unavailable = 0
+            self.health_listener(True)
 
     @property
     def redis_restarts_seen(self) -> int:
         return self._tables.watch.changes
-
-    def wait_idle(self, timeout_s: float) -> bool:
-        """After a pause: True once no batch is being applied."""
-        return self._idle.wait(timeout_s)
-
-    def _apply_pause(self) -> bool:
-        assert self._consumer is not None
-        if self.paused != self._paused_now:
-            assignment = self._consumer.assignment()
-            if self.paused:
-                self._consumer.pause(assignment)
-            else:
-                self._consumer.resume(assignment)
-                self.state = "RUNNING"
-                self._idle.clear()
-            self._paused_now = self.paused
-        if self._paused_now:
-            self.state = self.pause_state
-            self._idle.set()
-        return self._paused_now
-
-    def _poll_once(self) -> None:
-        assert self._consumer is not None
-        batches: dict[int, list[Message]] = defaultdict(list)
-        for message in self._consumer.consume(self._loop.max_batch_records, self._loop.max_batch_ms / 1000):
-            error = message.error()
-            if error is None:
-                batches[message.partition()].append(message)
-            elif error.code() != KafkaError._PARTITION_EOF:
-                log.warning("consume: %s", error)
-        for partition, records in batches.items():
-            if partition in self.owned:  # not revoked by a rebalance during this poll
-                self._apply_batch(partition, records)
-        self._sample_lag()
 
     def _store_unavailable(self, exc: StoreUnavailable) -> None:
         """Back off, unhealthy, and take every partition again from what Redis last confirmed:
@@ -202,8 +129,7 @@ class SinkWorker:
             self.health_listener(False)
         for partition in list(self.owned):
             self._rewind(partition)
-        backoff = min(self._loop.max_retry_backoff_s, self._loop.retry_backoff_s * 2 ** (self._unavailable - 1))
-        self._stop.wait(backoff)
+        self._stop.wait(self._backoff_s(self._unavailable))
 
     def _audit(self) -> None:
         """About once a second, each owned partition: does Redis still hold what was applied?
@@ -251,18 +177,6 @@ class SinkWorker:
         metrics.STORE_REPAIRS.labels("sink").inc()
         self._rewind(partition)
 
-    def _sample_lag(self) -> None:
-        """Lag per owned partition from the last fetch's high watermark (no extra request)."""
-        now = time.monotonic()
-        if now - self._last_lag_sample < 2.0 or self._consumer is None:
-            return
-        self._last_lag_sample = now
-        for partition, own in list(self.owned.items()):
-            _low, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, partition), cached=True)
-            if high >= 0:
-                own.lag = max(0, high - (own.applied + 1))
-                metrics.LAG.labels("sink", str(partition)).set(own.lag)
-
     # -- one partition's batch ---------------------------------------------------------------
 
     def _apply_batch(self, partition: int, records: list[Message]) -> None:
@@ -292,7 +206,8 @@ class SinkWorker:
         if not self._check_answer(partition, answer, last):
             return
         own.applied = last
-        self.stats.applied += len(changes)
+        self.stats.records_out += len(changes)
+        self.stats.records_in += len(records)
         metrics.RECORDS_OUT.labels("sink").inc(len(changes))
         if own.rebuild_started and last >= own.replay_until:
             log.warning(
@@ -302,7 +217,9 @@ class SinkWorker:
             own.rebuild_started = 0.0
         metrics.RECORDS_IN.labels("sink").inc(len(records))
         metrics.BATCH_RECORDS.labels("sink").observe(len(records))
-        metrics.COMMIT_SECONDS.labels("sink").observe(time.monotonic() - started)
+        elapsed = time.monotonic() - started
+        self.stats.batch_seconds.append(elapsed)
+        metrics.COMMIT_SECONDS.labels("sink").observe(elapsed)
         faults.point("after_apply")
         if edges and self._acking:
             self._send_acks(partition, edges, last)
@@ -360,7 +277,7 @@ class SinkWorker:
 
     def _count_transaction(self, outcome: TxnOutcome) -> None:
         if outcome is TxnOutcome.COMMITTED:
-            self.stats.transactions += 1
+            self.stats.committed += 1
         else:
             self.stats.aborted += 1
         metrics.TRANSACTIONS.labels("sink", "committed" if outcome is TxnOutcome.COMMITTED else "aborted").inc()
@@ -379,9 +296,9 @@ class SinkWorker:
             own.letters_done = max(own.letters_done, committed[0].offset)
         self._consumer.seek(TopicPartition(self.topic, partition, own.applied + 1 if own.applied >= 0 else OFFSET_BEGINNING))
 
-    # -- rebalance ---------------------------------------------------------------------------
+    # -- rebalance (inside poll, between batches) ------------------------------------------
 
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _assigning(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         committed = committed_offsets(consumer, partitions, self._stop) if partitions else []
         if committed is None:
             return  # stopping
@@ -391,8 +308,6 @@ class SinkWorker:
             # Redis says what was applied; Kafka's committed offset is only a hint.
             tp.offset = applied + 1 if applied >= 0 else OFFSET_BEGINNING
             log.info("sink: partition %d: token %d, resuming after offset %d", tp.partition, token, applied)
-        log.info("sink: assigned %s", [p.partition for p in partitions])
-        consumer.assign(partitions)
 
     def _take_ownership(self, partition: int) -> tuple[int, int]:
         """Retried here, inside the rebalance callback, until Redis answers: an assignment
@@ -405,15 +320,14 @@ class SinkWorker:
                 failures += 1
                 self._note(f"Redis unavailable while taking partition {partition}: {exc}")
                 self.health_listener(False)
-                if self._stop.wait(min(self._loop.max_retry_backoff_s, self._loop.retry_backoff_s * 2 ** (failures - 1))):
+                if self._stop.wait(self._backoff_s(failures)):
                     return -1, -1
                 continue
             if failures:
                 self.health_listener(True)
             return ownership
 
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        log.info("sink: revoked %s", [p.partition for p in partitions])
+    def _revoked(self, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
             self.owned.pop(tp.partition, None)
 

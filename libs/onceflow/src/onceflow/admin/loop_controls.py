@@ -1,11 +1,11 @@
-"""Admin controls for any service built on the shared loop (one loop, or one per hop)."""
+"""Admin controls for any service built on the shared consumer driver (one hop, or one per hop)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
 from onceflow.admin.server import StatusSnapshot
-from onceflow.txn.loop import LoopState, TransactionalLoop
+from onceflow.txn.driver import ConsumerDriver, LoopState
 
 
 class LoopControls:
@@ -13,9 +13,9 @@ class LoopControls:
     state is the first loop's unless a hop is FENCED or STOPPED; Pause/Resume/Drain act on all."""
 
     def __init__(
-        self, loops: TransactionalLoop | Sequence[TransactionalLoop], gauges: Callable[[], dict[str, float]] = dict
+        self, loops: ConsumerDriver | Sequence[ConsumerDriver], gauges: Callable[[], dict[str, float]] = dict
     ) -> None:
-        self._loops = [loops] if isinstance(loops, TransactionalLoop) else list(loops)
+        self._loops = [loops] if isinstance(loops, ConsumerDriver) else list(loops)
         self._gauges = gauges
 
     def status(self) -> StatusSnapshot:

@@ -1,4 +1,5 @@
-"""The one transactional hop every stage runs (docs/architecture.md, "One transactional hop").
+"""The transactional hop every stage but the sink runs (docs/architecture.md, "One
+transactional hop"), on the shared consumer driver (``driver.py``):
 
 poll a read_committed batch -> let the stage process it (pure: outputs and state overlay are
 buffered) -> begin -> produce outputs and changelog -> send_offsets_to_transaction with the
@@ -11,66 +12,29 @@ batch has committed or aborted by then, and revoking only drops the partitions' 
 
 from __future__ import annotations
 
-import enum
 import logging
-import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
 from onceflow import faults, metrics
 from onceflow.config import CommonSettings, LoopSettings
-from onceflow.kafka import clients
-from onceflow.kafka.inspect import wait_partition_count
 from onceflow.state.store import KeyValueStore, MemoryStore, StoreDiverged, StoreUnavailable
 from onceflow.state.stores import PartitionStores
-from onceflow.topology import Topic
 from onceflow.txn.batch import Batch, Stage
-from onceflow.txn.errors import EXIT_FENCED, EXIT_OK, EXIT_RESTART, ConsumerStuck, FencedError
-from onceflow.txn.membership import watch_membership
+from onceflow.txn.driver import ConsumerDriver
 from onceflow.txn.offsets import committed_offsets
-from onceflow.txn.producer import TransactionalProducer, TxnOutcome, open_producer
+from onceflow.txn.producer import TxnOutcome
 
 log = logging.getLogger(__name__)
 
 
-class LoopState(str, enum.Enum):
-    STARTING = "STARTING"
-    RUNNING = "RUNNING"
-    PAUSED = "PAUSED"
-    DRAINED = "DRAINED"
-    STOPPED = "STOPPED"
-    FENCED = "FENCED"
+class TransactionalLoop(ConsumerDriver):
+    """The driver with a stage and Kafka transactions: outputs, changelog and offsets commit
+    together, then the stores take the committed overlay."""
 
-
-@dataclass
-class PartitionProgress:
-    topic: str
-    partition: int
-    position: int
-    lag: int
-
-
-@dataclass
-class LoopStats:
-    committed: int = 0
-    aborted: int = 0
-    records_in: int = 0
-    records_out: int = 0
-    dead_letters: int = 0
-    last_error: str = ""
-    # Consecutive batches the stage failed on as a whole (0 = healthy).
-    stage_failures: int = 0
-    batch_bound: int = 0
-    # Seconds from poll return to commit, of the last committed transactions (benches, Stats).
-    batch_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=2000))
-    partitions: list[PartitionProgress] = field(default_factory=list)
-
-
-class TransactionalLoop:
     def __init__(
         self,
         *,
@@ -84,133 +48,32 @@ class TransactionalLoop:
         changelog_topic: str | None = None,
         store_factory: Callable[[int], KeyValueStore] = lambda _partition: MemoryStore(),
     ) -> None:
+        super().__init__(
+            name=stage.name, common=common, settings=settings, input_topic=input_topic, group_id=group_id,
+            transactional_id=transactional_id,
+        )
         self.stage = stage
-        self._common = common
-        self._settings = settings
-        self.input_topic = input_topic
-        self.group_id = group_id
-        self.transactional_id = transactional_id
         self._dlq_topic = dlq_topic
         self.stores = (
             PartitionStores(common, changelog_topic, store_factory, service=stage.name) if changelog_topic else None
         )
-        self.stats = LoopStats()
-        self.state = LoopState.STARTING
-        self._stop = threading.Event()
-        self._pause_requested = False
-        self._drain_requested = False
-        self._drained = threading.Event()
-        self._producer: TransactionalProducer | None = None
-        self._consumer: Consumer | None = None
-        self._paused_now = False
-        self._last_progress = 0.0
-        self._acks_topic = common.topic(Topic.ACKER_ACKS)
-        self._ack_partitions = 1
         self._punctuate: Callable[[Batch], None] | None = getattr(stage, "punctuate", None)
         self._next_punctuation = 0.0
         self._next_audit = 0.0
-        self._batch_bound = settings.min_batch_records or settings.max_batch_records
-        self.stats.batch_bound = self._batch_bound
-        # Called with False when the stage starts failing whole batches, True once one commits.
-        self.health_listener: Callable[[bool], None] = lambda _healthy: None
 
-    # -- control (any thread) --------------------------------------------------------------
+    # -- the driver's hooks ----------------------------------------------------------------
 
-    def stop(self) -> None:
-        """Graceful: the current batch finishes and commits, then the loop leaves the group."""
-        self._stop.set()
+    def _consumer_overrides(self) -> dict[str, Any]:
+        # The checker's proof that it sees aborted reads: never do this.
+        return {"isolation.level": "read_uncommitted"} if faults.sabotaged("read_uncommitted") else {}
 
-    def pause(self) -> None:
-        self._pause_requested = True
+    def _housekeeping(self) -> None:
+        self._audit_stores()
 
-    def resume(self) -> None:
-        self._pause_requested = False
-        self._drain_requested = False
-        self._drained.clear()
-
-    def drain(self, timeout_s: float) -> bool:
-        """Stop taking batches; True once everything taken has committed."""
-        self._drain_requested = True
-        return self._drained.wait(timeout_s)
-
-    # -- the loop (one thread) -------------------------------------------------------------
-
-    def run(self) -> int:
-        try:
-            self._producer = open_producer(self._common, self.transactional_id, self._settings.commit_timeout_s, self._stop)
-        except FencedError as exc:
-            log.error("%s: cannot start: %s", self.stage.name, exc)
-            return EXIT_FENCED
-        self._ack_partitions = wait_partition_count(self._common, self._acks_topic, self._stop)
-        if self._ack_partitions == 0:
-            return EXIT_OK  # stopped while waiting for the broker
-        self._consumer = clients.consumer(
-            self._common,
-            self.group_id,
-            **{"session.timeout.ms": self._settings.session_timeout_ms},
-            # End-of-partition events move the position past a final transaction marker, so
-            # "position == high watermark" means read to the end (lag, sweeps).
-            **{"enable.partition.eof": True},
-            # The checker's proof that it sees aborted reads: never do this.
-            **({"isolation.level": "read_uncommitted"} if faults.sabotaged("read_uncommitted") else {}),
-        )
-        self._consumer.subscribe(
-            [self.input_topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
-        )
-        membership = watch_membership(self._common, self.group_id)
-        self.state = LoopState.RUNNING
-        log.info("%s: consuming %s as %s", self.stage.name, self.input_topic, self.transactional_id)
-        try:
-            while not self._stop.is_set():
-                self._apply_pause()
-                self._audit_stores()
-                records = self._poll()
-                membership.observe(self._consumer)
-                punctuate = self._punctuation_due()
-                if records or punctuate:
-                    self._transact(records, punctuate)
-                if not records and self._drain_requested:
-                    self._drained.set()
-                self._sample_progress()
-            self.state = LoopState.STOPPED
-            return EXIT_OK
-        except FencedError as exc:
-            self.state = LoopState.FENCED
-            self.stats.last_error = str(exc)
-            log.error("%s: fenced, this instance is a zombie and stops: %s", self.stage.name, exc)
-            return EXIT_FENCED
-        except ConsumerStuck as exc:
-            self.state = LoopState.STOPPED
-            self.stats.last_error = str(exc)
-            log.error("%s: %s; exiting so that a new process takes over", self.stage.name, exc)
-            return EXIT_RESTART
-        finally:
-            self._close()
-
-    def _poll(self) -> list[Message]:
-        assert self._consumer is not None
-        messages = self._consumer.consume(num_messages=self._batch_bound, timeout=self._settings.max_batch_ms / 1000)
-        records = []
-        for message in messages:
-            error = message.error()
-            if error is None:
-                records.append(message)
-            elif error.code() != KafkaError._PARTITION_EOF:
-                log.warning("consume: %s", error)
-        self._adapt_batch_bound(len(records))
-        return records
-
-    def _adapt_batch_bound(self, polled: int) -> None:
-        """Grow under load (a full batch: more was waiting), shrink when idle, so a stage with a
-        fixed cost per batch (a Spark job) amortises it at high rates and stays prompt at low."""
-        low, high = self._settings.min_batch_records, self._settings.max_batch_records
-        if not low:
-            return
-        if polled >= self._batch_bound:
-            self._batch_bound = min(high, self._batch_bound * 2)
-        elif polled < self._batch_bound // 4:
-            self._batch_bound = max(low, self._batch_bound // 2)
-        self.stats.batch_bound = self._batch_bound
+    def _handle(self, records: list[Message]) -> None:
+        punctuate = self._punctuation_due()
+        if records or punctuate:
+            self._transact(records, punctuate)
 
     def _punctuation_due(self) -> bool:
         if self._punctuate is None or self._paused_now:
@@ -309,7 +172,7 @@ class TransactionalLoop:
             except StoreUnavailable as exc:
                 failures += 1
                 self.stats.last_error = f"store unavailable: {exc}"
-                backoff = min(self._settings.max_retry_backoff_s, self._settings.retry_backoff_s * 2 ** (failures - 1))
+                backoff = self._backoff_s(failures)
                 log.warning("%s: store unavailable (%s); retrying in %.1fs", self.stage.name, exc, backoff)
                 if failures == 1:
                     self.health_listener(False)
@@ -328,7 +191,7 @@ class TransactionalLoop:
         failure; unhealthy meanwhile, so operators (and health probes) see it."""
         self.stats.stage_failures += 1
         failures = self.stats.stage_failures
-        backoff = min(self._settings.max_retry_backoff_s, self._settings.retry_backoff_s * 2 ** (failures - 1))
+        backoff = self._backoff_s(failures)
         log.exception(
             "%s: stage failed on a batch of %d (%d in a row); retrying from committed offsets in %.1fs",
             self.stage.name, count, failures, backoff,
@@ -415,10 +278,9 @@ class TransactionalLoop:
         if on_rollback := getattr(self.stage, "on_rollback", None):
             on_rollback()
 
-    # -- rebalance ---------------------------------------------------------------------------
+    # -- rebalance (inside poll, so no transaction is open) ---------------------------------
 
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        log.info("%s: assigned %s", self.stage.name, [p.partition for p in partitions])
+    def _assigning(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # A new owner reads its input for a punctuation interval before it sweeps: a sweep
         # needs to know how far behind each partition is.
         self._next_punctuation = time.monotonic() + self._settings.punctuate_ms / 1000
@@ -428,52 +290,13 @@ class TransactionalLoop:
             assign = lambda: stores.assign(owned)  # noqa: E731 - retried whole: it is idempotent
             self._guard_store(assign, retry=assign)
             metrics.RESTORED.labels(self.stage.name).inc(self.stores.restored_records - before)
-        consumer.assign(partitions)
-        if self._paused_now:
-            consumer.pause(partitions)
+
+    def _assigned(self, partitions: list[TopicPartition]) -> None:
         if on_assign := getattr(self.stage, "on_assign", None):
             on_assign([p.partition for p in partitions])
 
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        log.info("%s: revoked %s", self.stage.name, [p.partition for p in partitions])
+    def _revoked(self, partitions: list[TopicPartition]) -> None:
         if self.stores is not None:
             self.stores.revoke(p.partition for p in partitions)
         if on_revoke := getattr(self.stage, "on_revoke", None):
             on_revoke([p.partition for p in partitions])
-
-    def _apply_pause(self) -> None:
-        assert self._consumer is not None
-        want = self._pause_requested or self._drain_requested
-        if want == self._paused_now:
-            return
-        assignment = self._consumer.assignment()
-        if want:
-            self._consumer.pause(assignment)
-            self.state = LoopState.DRAINED if self._drain_requested else LoopState.PAUSED
-        else:
-            self._consumer.resume(assignment)
-            self.state = LoopState.RUNNING
-        self._paused_now = want
-
-    def _sample_progress(self) -> None:
-        now = time.monotonic()
-        if now - self._last_progress < 2.0 or self._consumer is None:
-            return
-        self._last_progress = now
-        progress = []
-        for tp in self._consumer.position(self._consumer.assignment()):
-            # Cached: the high watermark of the last fetch. A ListOffsets request here would
-            # queue behind the consumer's long-poll fetch on the same connection.
-            _low, high = self._consumer.get_watermark_offsets(tp, cached=True)
-            position = max(tp.offset, 0)
-            lag = max(0, high - position) if high >= 0 else 0
-            progress.append(PartitionProgress(tp.topic, tp.partition, position, lag))
-            metrics.LAG.labels(self.stage.name, str(tp.partition)).set(lag)
-        self.stats.partitions = progress
-
-    def _close(self) -> None:
-        if self._consumer is not None:
-            try:
-                self._consumer.close()
-            except Exception:  # noqa: BLE001 - closing after a fence may fail, nothing to save
-                log.debug("consumer close failed", exc_info=True)

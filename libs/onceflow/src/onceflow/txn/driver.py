@@ -1,0 +1,281 @@
+"""The one consumer driver every consuming hop runs on.
+
+The driver owns what is the same for every hop: the transactional producer and the consumer,
+the subscription and its rebalance callbacks, polling, pause and drain, lag, group membership,
+and the exit codes (fenced 3, stuck 4). What a hop does with a polled batch, and how it makes
+that batch's effects and offsets durable together, is its commit strategy, one subclass each:
+
+- `onceflow.txn.loop.TransactionalLoop`: outputs, changelog and offsets in one Kafka
+  transaction (every hop but the sink);
+- `onceflow_sink.worker.SinkWorker`: effects and offsets in Redis under a fenced token, dead
+  letters and acks in Kafka transactions.
+
+A fix to the consume/commit cycle lands here once, and both get it.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+
+from onceflow import metrics
+from onceflow.config import CommonSettings, LoopSettings
+from onceflow.kafka import clients
+from onceflow.kafka.inspect import wait_partition_count
+from onceflow.topology import Topic
+from onceflow.txn.errors import EXIT_FENCED, EXIT_OK, EXIT_RESTART, ConsumerStuck, FencedError
+from onceflow.txn.membership import watch_membership
+from onceflow.txn.producer import TransactionalProducer, open_producer
+
+log = logging.getLogger(__name__)
+
+
+class LoopState(str, enum.Enum):
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    PAUSED = "PAUSED"
+    DRAINED = "DRAINED"
+    STOPPED = "STOPPED"
+    FENCED = "FENCED"
+
+
+@dataclass
+class PartitionProgress:
+    topic: str
+    partition: int
+    position: int
+    lag: int
+
+
+@dataclass
+class LoopStats:
+    committed: int = 0
+    aborted: int = 0
+    records_in: int = 0
+    records_out: int = 0
+    dead_letters: int = 0
+    last_error: str = ""
+    # Consecutive batches the stage failed on as a whole (0 = healthy).
+    stage_failures: int = 0
+    batch_bound: int = 0
+    # Seconds from poll return to commit, of the last committed transactions (benches, Stats).
+    batch_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=2000))
+    partitions: list[PartitionProgress] = field(default_factory=list)
+
+
+class ConsumerDriver:
+    """Subclasses give `_handle` (a polled batch, possibly empty: commit it, or rewind, before
+    returning) and may give the other `_`-hooks below."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        common: CommonSettings,
+        settings: LoopSettings,
+        input_topic: str,
+        group_id: str,
+        transactional_id: str,
+        stats: LoopStats | None = None,
+    ) -> None:
+        self.name = name
+        self._common = common
+        self._settings = settings
+        self.input_topic = input_topic
+        self.group_id = group_id
+        self.transactional_id = transactional_id
+        self.stats = stats if stats is not None else LoopStats()
+        self.state = LoopState.STARTING
+        self._stop = threading.Event()
+        self._pause_requested = False
+        self._drain_requested = False
+        self._drained = threading.Event()
+        self._paused_now = False
+        self._last_progress = 0.0
+        self._producer: TransactionalProducer | None = None
+        self._consumer: Consumer | None = None
+        self._acks_topic = common.topic(Topic.ACKER_ACKS)
+        self._ack_partitions = 1
+        self._batch_bound = settings.min_batch_records or settings.max_batch_records
+        self.stats.batch_bound = self._batch_bound
+        # Told False when the hop cannot make progress (stage failing, store unavailable), True
+        # once it does again: gRPC health.
+        self.health_listener: Callable[[bool], None] = lambda _healthy: None
+
+    # -- control (any thread) --------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Graceful: the current batch finishes and commits, then the hop leaves the group."""
+        self._stop.set()
+
+    def pause(self) -> None:
+        self._pause_requested = True
+
+    def resume(self) -> None:
+        self._pause_requested = False
+        self._drain_requested = False
+        self._drained.clear()
+
+    def drain(self, timeout_s: float) -> bool:
+        """Stop taking batches; True once everything taken has committed."""
+        self._drain_requested = True
+        return self._drained.wait(timeout_s)
+
+    # -- hooks -----------------------------------------------------------------------------
+
+    def _consumer_overrides(self) -> dict[str, Any]:
+        return {}
+
+    def _assigning(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Before the consumer takes the partitions: restore their state; may set offsets."""
+
+    def _assigned(self, partitions: list[TopicPartition]) -> None:
+        """After the consumer took them."""
+
+    def _revoked(self, partitions: list[TopicPartition]) -> None:
+        """No batch is open when this runs: callbacks only run inside poll."""
+
+    def _housekeeping(self) -> None:
+        """Before each poll while not paused: audits of external state."""
+
+    def _handle(self, records: list[Message]) -> None:
+        raise NotImplementedError
+
+    # -- the driver (one thread) -----------------------------------------------------------
+
+    def run(self) -> int:
+        try:
+            self._producer = open_producer(self._common, self.transactional_id, self._settings.commit_timeout_s, self._stop)
+        except FencedError as exc:
+            log.error("%s: cannot start: %s", self.name, exc)
+            return EXIT_FENCED
+        self._ack_partitions = wait_partition_count(self._common, self._acks_topic, self._stop)
+        if self._ack_partitions == 0:
+            return EXIT_OK  # stopped while waiting for the broker
+        self._consumer = clients.consumer(
+            self._common,
+            self.group_id,
+            **{"session.timeout.ms": self._settings.session_timeout_ms},
+            # End-of-partition events move the position past a final transaction marker, so
+            # "position == high watermark" means read to the end (lag, sweeps).
+            **{"enable.partition.eof": True},
+            **self._consumer_overrides(),
+        )
+        self._consumer.subscribe(
+            [self.input_topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
+        )
+        membership = watch_membership(self._common, self.group_id)
+        self.state = LoopState.RUNNING
+        log.info("%s: consuming %s as %s", self.name, self.input_topic, self.transactional_id)
+        try:
+            while not self._stop.is_set():
+                self._apply_pause()
+                if not self._paused_now:
+                    self._housekeeping()
+                records = self._poll()
+                membership.observe(self._consumer)
+                self._handle(records)
+                if not records and self._drain_requested:
+                    self._drained.set()
+                self._sample_progress()
+            self.state = LoopState.STOPPED
+            return EXIT_OK
+        except FencedError as exc:
+            self.state = LoopState.FENCED
+            self.stats.last_error = str(exc)
+            log.error("%s: fenced, this instance is a zombie and stops: %s", self.name, exc)
+            return EXIT_FENCED
+        except ConsumerStuck as exc:  # raised in a rebalance callback or a rewind, out of poll
+            self.state = LoopState.STOPPED
+            self.stats.last_error = str(exc)
+            log.error("%s: %s; exiting so that a new process takes over", self.name, exc)
+            return EXIT_RESTART
+        finally:
+            self._close()
+
+    def _poll(self) -> list[Message]:
+        assert self._consumer is not None
+        messages = self._consumer.consume(num_messages=self._batch_bound, timeout=self._settings.max_batch_ms / 1000)
+        records = []
+        for message in messages:
+            error = message.error()
+            if error is None:
+                records.append(message)
+            elif error.code() != KafkaError._PARTITION_EOF:
+                log.warning("consume: %s", error)
+        self._adapt_batch_bound(len(records))
+        return records
+
+    def _adapt_batch_bound(self, polled: int) -> None:
+        """Grow under load (a full batch: more was waiting), shrink when idle, so a hop with a
+        fixed cost per batch (a Spark job, a transaction) amortises it at high rates and stays
+        prompt at low. ONCEFLOW_LOOP_MIN_BATCH_RECORDS=0 keeps the bound at the maximum."""
+        low, high = self._settings.min_batch_records, self._settings.max_batch_records
+        if not low:
+            return
+        if polled >= self._batch_bound:
+            self._batch_bound = min(high, self._batch_bound * 2)
+        elif polled < self._batch_bound // 4:
+            self._batch_bound = max(low, self._batch_bound // 2)
+        self.stats.batch_bound = self._batch_bound
+
+    def _backoff_s(self, failures: int) -> float:
+        """The wait before retry ``failures`` (1, 2, ...): doubling, capped."""
+        return min(self._settings.max_retry_backoff_s, self._settings.retry_backoff_s * 2 ** (failures - 1))
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        log.info("%s: assigned %s", self.name, [p.partition for p in partitions])
+        self._assigning(consumer, partitions)
+        consumer.assign(partitions)
+        if self._paused_now:  # a paused hop must not read its new partitions either
+            consumer.pause(partitions)
+        self._assigned(partitions)
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        log.info("%s: revoked %s", self.name, [p.partition for p in partitions])
+        self._revoked(partitions)
+
+    def _apply_pause(self) -> None:
+        assert self._consumer is not None
+        want = self._pause_requested or self._drain_requested
+        if want == self._paused_now:
+            return
+        assignment = self._consumer.assignment()
+        if want:
+            self._consumer.pause(assignment)
+            self.state = LoopState.DRAINED if self._drain_requested else LoopState.PAUSED
+        else:
+            self._consumer.resume(assignment)
+            self.state = LoopState.RUNNING
+        self._paused_now = want
+
+    def _sample_progress(self) -> None:
+        now = time.monotonic()
+        if now - self._last_progress < 2.0 or self._consumer is None:
+            return
+        self._last_progress = now
+        progress = []
+        for tp in self._consumer.position(self._consumer.assignment()):
+            # Cached: the high watermark of the last fetch. A ListOffsets request here would
+            # queue behind the consumer's long-poll fetch on the same connection.
+            _low, high = self._consumer.get_watermark_offsets(tp, cached=True)
+            position = max(tp.offset, 0)
+            lag = max(0, high - position) if high >= 0 else 0
+            progress.append(PartitionProgress(tp.topic, tp.partition, position, lag))
+            metrics.LAG.labels(self.name, str(tp.partition)).set(lag)
+        self.stats.partitions = progress
+
+    def _close(self) -> None:
+        if self._consumer is not None:
+            try:
+                self._consumer.close()
+            except Exception:  # noqa: BLE001 - closing after a fence may fail, nothing to save
+                log.debug("consumer close failed", exc_info=True)
