@@ -18,7 +18,7 @@ FROM base AS ingest
 RUN uv sync --locked --no-dev --package onceflow-ingest
 ENV ONCEFLOW_INGEST_HOST=0.0.0.0
 EXPOSE 15051 9101
-HEALTHCHECK CMD ["/app/.venv/bin/onceflow", "health", "127.0.0.1:15051"]
+HEALTHCHECK CMD ["/app/.venv/bin/python", "-m", "onceflow.probe", "127.0.0.1:15051"]
 USER onceflow
 CMD ["/app/.venv/bin/onceflow-ingest"]
 
@@ -26,7 +26,7 @@ FROM base AS acker
 RUN uv sync --locked --no-dev --package onceflow-acker
 ENV ONCEFLOW_ACKER_HOST=0.0.0.0
 EXPOSE 15052 9102
-HEALTHCHECK CMD ["/app/.venv/bin/onceflow", "health", "127.0.0.1:15052"]
+HEALTHCHECK CMD ["/app/.venv/bin/python", "-m", "onceflow.probe", "127.0.0.1:15052"]
 USER onceflow
 CMD ["/app/.venv/bin/onceflow-acker"]
 
@@ -34,7 +34,7 @@ FROM base AS dedup
 RUN uv sync --locked --no-dev --package onceflow-dedup
 ENV ONCEFLOW_DEDUP_HOST=0.0.0.0
 EXPOSE 15053 9103
-HEALTHCHECK CMD ["/app/.venv/bin/onceflow", "health", "127.0.0.1:15053"]
+HEALTHCHECK CMD ["/app/.venv/bin/python", "-m", "onceflow.probe", "127.0.0.1:15053"]
 USER onceflow
 CMD ["/app/.venv/bin/onceflow-dedup"]
 
@@ -44,7 +44,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends openjdk-17-jre-
 RUN uv sync --locked --no-dev --package onceflow-compute
 ENV ONCEFLOW_COMPUTE_HOST=0.0.0.0
 EXPOSE 15054 9104
-HEALTHCHECK --start-period=60s CMD ["/app/.venv/bin/onceflow", "health", "127.0.0.1:15054"]
+HEALTHCHECK --start-period=60s CMD ["/app/.venv/bin/python", "-m", "onceflow.probe", "127.0.0.1:15054"]
 USER onceflow
 CMD ["/app/.venv/bin/onceflow-compute"]
 
@@ -52,6 +52,13 @@ FROM base AS sink
 RUN uv sync --locked --no-dev --package onceflow-sink
 ENV ONCEFLOW_SINK_HOST=0.0.0.0
 EXPOSE 15055 9105
-HEALTHCHECK CMD ["/app/.venv/bin/onceflow", "health", "127.0.0.1:15055"]
+HEALTHCHECK CMD ["/app/.venv/bin/python", "-m", "onceflow.probe", "127.0.0.1:15055"]
 USER onceflow
 CMD ["/app/.venv/bin/onceflow-sink"]
+
+FROM base AS tools
+# The onceflow CLI (compose's `topics` job; `onceflow admin`, `verify`, ...): the tools package,
+# which depends on the core and every service. No service image carries it.
+RUN uv sync --locked --no-dev --package onceflow-tools
+USER onceflow
+ENTRYPOINT ["/app/.venv/bin/onceflow"]

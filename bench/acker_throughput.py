@@ -31,15 +31,15 @@ from rich.table import Table
 from onceflow import acks
 from onceflow.codec import new_id, now_ms
 from onceflow.config import CommonSettings, repo_root
-from onceflow.infra import stack
-from onceflow.infra.topics import delete_topics, ensure_topics
 from onceflow.kafka import clients
 from onceflow.kafka.inspect import end_offsets, partitions_of
-from onceflow.process import ServiceProcess, free_port
 from onceflow.state import MemoryStore
 from onceflow.topology import Topic
 from onceflow.v1 import acker_pb2, acker_pb2_grpc
 from onceflow.v1.acker_pb2 import AckerBatch, AckerMessage, RecordRef
+from onceflow_tools.infra import stack
+from onceflow_tools.infra.topics import delete_topics, ensure_topics
+from onceflow_tools.process import ServiceProcess, free_port
 
 from onceflow_acker.trees import Tree
 

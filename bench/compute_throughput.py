@@ -43,11 +43,11 @@ from rich.table import Table
 
 from onceflow.codec import encode_envelope, new_id, now_ms
 from onceflow.config import CommonSettings
-from onceflow.infra import stack
-from onceflow.infra.topics import delete_topics, ensure_topics
 from onceflow.topology import Topic
 from onceflow.txn.batch import Batch
 from onceflow.v1.envelope_pb2 import Envelope
+from onceflow_tools.infra import stack
+from onceflow_tools.infra.topics import delete_topics, ensure_topics
 
 from onceflow_compute.api import METADATA_COLUMNS
 from onceflow_compute.config import ComputeSettings, EngineName

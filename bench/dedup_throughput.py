@@ -28,13 +28,13 @@ from rich.table import Table
 
 from onceflow.codec import encode_envelope, new_id, now_ms
 from onceflow.config import CommonSettings, repo_root
-from onceflow.infra import stack
-from onceflow.infra.topics import delete_topics, ensure_topics
-from onceflow.process import ServiceProcess, free_port
 from onceflow.redis_client import connect, delete_prefix
 from onceflow.topology import Topic
 from onceflow.v1 import dedup_pb2, dedup_pb2_grpc
 from onceflow.v1.envelope_pb2 import Envelope
+from onceflow_tools.infra import stack
+from onceflow_tools.infra.topics import delete_topics, ensure_topics
+from onceflow_tools.process import ServiceProcess, free_port
 
 from onceflow_dedup import store as exact
 

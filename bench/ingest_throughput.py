@@ -36,12 +36,12 @@ from rich.table import Table
 from onceflow.client import IngestClient
 from onceflow.codec import encode_envelope, new_id, now_ms
 from onceflow.config import CommonSettings, repo_root
-from onceflow.infra import stack
-from onceflow.infra.topics import delete_topics, ensure_topics
-from onceflow.process import ServiceProcess, free_port
 from onceflow.topology import Topic
 from onceflow.v1.envelope_pb2 import Envelope
 from onceflow.v1.ingest_pb2 import IngestRecord
+from onceflow_tools.infra import stack
+from onceflow_tools.infra.topics import delete_topics, ensure_topics
+from onceflow_tools.process import ServiceProcess, free_port
 
 console = Console(width=200)
 CLIENTS = (1, 4)

@@ -6,9 +6,9 @@ from each broker fault, in one run on this machine.
   rate (a backlog as fast as ingest takes it, trees completed between 10% and 90% of it) and
   p50/p99 of client send -> tree completed, and the ratios.
 - **Recovery per fault kind**, on the cluster: load offered at ``--load`` × the cluster's
-  sustainable rate; after ``--pre`` seconds one fault (``onceflow.verify.kafka_faults``, the
+  sustainable rate; after ``--pre`` seconds one fault (``onceflow_tools.verify.kafka_faults``, the
   same faults verify injects); recovery = from the fault until tree completions run at ≥ 50% of
-  the pre-fault rate again for 3 s in a row (``onceflow.bench.recovery``). Targets: < 15 s after
+  the pre-fault rate again for 3 s in a row (``onceflow_tools.bench.recovery``). Targets: < 15 s after
   a leader kill, < 30 s after a coordinator kill. A paused broker's figure includes its pause.
 
 Run: .venv/bin/python bench/kafka_cluster.py [--kinds leader-kill9,...] [--json]
@@ -30,11 +30,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from onceflow.bench.pipeline import PipelineOptions, PipelineRun, completion_rate, percentile
-from onceflow.bench.recovery import recovery_s
-from onceflow.infra import stack
-from onceflow.infra.paths import runtime_dir
-from onceflow.verify import kafka_faults
+from onceflow_tools.bench.pipeline import PipelineOptions, PipelineRun, completion_rate, percentile
+from onceflow_tools.bench.recovery import recovery_s
+from onceflow_tools.infra import stack
+from onceflow_tools.infra.paths import runtime_dir
+from onceflow_tools.verify import kafka_faults
 
 console = Console(width=140, stderr=True)
 # Each topology's stack: first Kafka port, its controller on +1, Redis on +9 (a cluster's nodes

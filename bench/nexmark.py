@@ -41,13 +41,13 @@ from rich.table import Table
 
 from onceflow.codec import decode_envelope, encode_envelope, new_id, now_ms
 from onceflow.config import CommonSettings
-from onceflow.infra import stack
-from onceflow.infra.topics import delete_topics, ensure_topics
 from onceflow.kafka.inspect import consumed_everything
 from onceflow.topology import Topic
 from onceflow.txn.batch import Batch
 from onceflow.v1.envelope_pb2 import Envelope
-from onceflow.workloads import nexmark
+from onceflow_tools.infra import stack
+from onceflow_tools.infra.topics import delete_topics, ensure_topics
+from onceflow_tools.workloads import nexmark
 
 from onceflow_compute.config import ComputeSettings
 from onceflow_compute.service import build

@@ -30,14 +30,14 @@ from rich.console import Console
 from rich.table import Table
 
 from onceflow.config import CommonSettings, repo_root
-from onceflow.infra import stack
-from onceflow.infra.topics import delete_topics, ensure_topics, load_specs
-from onceflow.process import ServiceProcess, free_port
 from onceflow.redis_client import connect, delete_prefix
 from onceflow.state.stores import PartitionStores
 from onceflow.topology import Topic
 from onceflow.v1.results_pb2 import ResultChange
-from onceflow.verify import redis_faults
+from onceflow_tools.infra import stack
+from onceflow_tools.infra.topics import delete_topics, ensure_topics, load_specs
+from onceflow_tools.process import ServiceProcess, free_port
+from onceflow_tools.verify import redis_faults
 
 from onceflow_dedup.buckets import BucketSpec
 from onceflow_dedup.store import DedupStore

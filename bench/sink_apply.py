@@ -25,13 +25,13 @@ from rich.table import Table
 
 from onceflow import faults
 from onceflow.config import CommonSettings, repo_root
-from onceflow.infra import stack
-from onceflow.infra.topics import delete_topics, ensure_topics
-from onceflow.process import ServiceProcess, free_port
 from onceflow.redis_client import connect, delete_prefix
 from onceflow.state.redis_store import UNCHECKED, expect
 from onceflow.topology import Topic
 from onceflow.v1.results_pb2 import ResultChange
+from onceflow_tools.infra import stack
+from onceflow_tools.infra.topics import delete_topics, ensure_topics
+from onceflow_tools.process import ServiceProcess, free_port
 
 from onceflow_sink.tables import Change, Outcome, ResultTables
 

@@ -5,7 +5,7 @@ Every setup runs real compute workers (``python -m onceflow_compute``, the map a
 on the same backlog of usersum envelopes, each setup under a topic prefix of its own:
 
 - **local[2]** (the baseline): Spark in the worker's process;
-- **standalone**: a master and two workers from the pyspark wheel (``onceflow.infra.spark``),
+- **standalone**: a master and two workers from the pyspark wheel (``onceflow_tools.infra.spark``),
   one compute worker, its executors on both;
 - **standalone, 2 workers**: two compute workers, each its own application with one core
   (``spark.cores.max=1``), sharing the partitions;
@@ -42,14 +42,14 @@ from rich.table import Table
 
 from onceflow.codec import encode_envelope, new_id, now_ms
 from onceflow.config import CommonSettings, repo_root
-from onceflow.infra import spark, stack
-from onceflow.infra.settings import InfraSettings
-from onceflow.infra.topics import delete_topics, ensure_topics
 from onceflow.kafka.inspect import committed_offsets, consumed_everything
-from onceflow.process import ServiceProcess, free_port
 from onceflow.topology import Topic
 from onceflow.v1 import compute_pb2, compute_pb2_grpc
 from onceflow.v1.envelope_pb2 import Envelope
+from onceflow_tools.infra import spark, stack
+from onceflow_tools.infra.settings import InfraSettings
+from onceflow_tools.infra.topics import delete_topics, ensure_topics
+from onceflow_tools.process import ServiceProcess, free_port
 
 console = Console(width=140, stderr=True)
 JOB = "usersum"

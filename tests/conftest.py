@@ -24,7 +24,7 @@ def _isolate_xdist_worker() -> None:
     index = int(worker.removeprefix("gw") or 0)
     if index == 0:
         return
-    from onceflow.infra.settings import DEFAULT_KAFKA_CONTROLLER_PORT, DEFAULT_KAFKA_PORT, DEFAULT_REDIS_PORT
+    from onceflow_tools.infra.settings import DEFAULT_KAFKA_CONTROLLER_PORT, DEFAULT_KAFKA_PORT, DEFAULT_REDIS_PORT
 
     home = repo_root() / ".onceflow" / "workers" / worker
     home.mkdir(parents=True, exist_ok=True)
@@ -42,9 +42,9 @@ def _isolate_xdist_worker() -> None:
 
 
 _isolate_xdist_worker()
-from onceflow.infra import stack  # noqa: E402 - after the worker's stack is chosen
-from onceflow.infra.kafka import KafkaBroker  # noqa: E402
-from onceflow.infra.topics import delete_topics, ensure_topics  # noqa: E402
+from onceflow_tools.infra import stack  # noqa: E402 - after the worker's stack is chosen
+from onceflow_tools.infra.kafka import KafkaBroker  # noqa: E402
+from onceflow_tools.infra.topics import delete_topics, ensure_topics  # noqa: E402
 from tests.harness.process import ServiceProcess, free_port  # noqa: E402
 
 # Short enough that a SIGSTOPped member leaves the group quickly in zombie tests.

@@ -9,7 +9,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from onceflow.workloads.nexmark import Event
+from onceflow_tools.workloads.nexmark import Event
 
 Table = dict[str, dict[str, Any]]
 

@@ -238,7 +238,7 @@ def test_wait_processed_returns_only_after_the_tree_completed(pipeline: Pipeline
     assert tree.init_seen and not tree.failed and tree.attempt == 1
     assert admin.GetTree(acker_pb2.GetTreeRequest(root_id=tree.root_id), timeout=5).trees[0].origin.record_id == "waiting-3"
     cli = subprocess.run(
-        [sys.executable, "-m", "onceflow", "admin", "acker", "stats", "--json", "-a", acker_address],
+        [sys.executable, "-m", "onceflow_tools", "admin", "acker", "stats", "--json", "-a", acker_address],
         capture_output=True, text=True, timeout=60,
     )
     assert cli.returncode == 0, cli.stderr

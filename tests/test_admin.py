@@ -24,8 +24,6 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from onceflow.admin import ClientTLS, channel, fleet
 from onceflow.client import IngestClient
 from onceflow.config import CommonSettings
-from onceflow.infra.certs import CertAuthority
-from onceflow.infra.topics import delete_topics, ensure_topics
 from onceflow.kafka.inspect import consumed_everything
 from onceflow.topology import Topic
 from onceflow.v1 import (
@@ -38,6 +36,8 @@ from onceflow.v1 import (
     ingest_pb2,
     ingest_pb2_grpc,
 )
+from onceflow_tools.infra.certs import CertAuthority
+from onceflow_tools.infra.topics import delete_topics, ensure_topics
 from tests.conftest import Pipeline, eventually, free_port
 from tests.harness.process import ServiceProcess
 from tests.harness.workload import ingest_records, items
@@ -112,7 +112,7 @@ def _code(call: Callable[[], object]) -> grpc.StatusCode:
 
 def _cli(*args: str, timeout_s: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "onceflow", *args], capture_output=True, text=True, timeout=timeout_s,
+        [sys.executable, "-m", "onceflow_tools", *args], capture_output=True, text=True, timeout=timeout_s,
         env={**os.environ, **env},
     )
 

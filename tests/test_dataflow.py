@@ -29,7 +29,7 @@ from confluent_kafka import Producer
 from onceflow.codec import encode_envelope, new_id, now_ms
 from onceflow.topology import Topic
 from onceflow.v1.envelope_pb2 import DeadLetter, Envelope
-from onceflow.workloads import nexmark
+from onceflow_tools.workloads import nexmark
 from tests.conftest import Pipeline
 from tests.harness import checker
 from tests.nexmark_answers import ANSWERS

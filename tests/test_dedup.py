@@ -22,8 +22,7 @@ from onceflow.codec import decode_envelope
 from onceflow.kafka.inspect import consumed_everything
 from onceflow.redis_client import connect
 from onceflow.topology import Topic
-from onceflow.txn.errors import EXIT_RESTART
-from onceflow.txn.errors import EXIT_FENCED
+from onceflow.txn.errors import EXIT_FENCED, EXIT_RESTART
 from onceflow.v1 import dedup_pb2, dedup_pb2_grpc
 from onceflow.v1.acker_pb2 import RecordRef, TreeEvent
 from onceflow.v1.envelope_pb2 import DeadLetter
@@ -270,7 +269,7 @@ def test_poison_goes_to_the_dlq_with_the_reason_and_nothing_else_is_lost(pipelin
         stats = admin.Stats(dedup_pb2.DedupStatsRequest(), timeout=5)
     assert stats.passed == len(batch) and stats.dropped == 100 and stats.dead_letters == 1 and stats.forgotten == 1
     cli = subprocess.run(
-        [sys.executable, "-m", "onceflow", "admin", "dedup", "stats", "-a", address, "--json"],
+        [sys.executable, "-m", "onceflow_tools", "admin", "dedup", "stats", "-a", address, "--json"],
         capture_output=True, text=True, timeout=30, check=True,
     )
     assert json.loads(cli.stdout)["passed"] == str(len(batch))  # uint64 renders as a JSON string

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from onceflow.config import CommonSettings
-from onceflow.infra.kafka import KafkaBroker
-from onceflow.infra.topics import TopicReplicationError, delete_topics, ensure_topics, load_specs
 from onceflow.topology import Topic
+from onceflow_tools.infra.kafka import KafkaBroker
+from onceflow_tools.infra.topics import TopicReplicationError, delete_topics, ensure_topics, load_specs
 from tests.conftest import free_port
 
 pytestmark = [pytest.mark.foundation, pytest.mark.integration]
@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.foundation, pytest.mark.integration]
 
 def _onceflow(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "onceflow", "infra", *args], env=env, capture_output=True, text=True, timeout=180
+        [sys.executable, "-m", "onceflow_tools", "infra", *args], env=env, capture_output=True, text=True, timeout=180
     )
 
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from onceflow.config import repo_root
-from onceflow.process import free_port
+from onceflow_tools.process import free_port
 from tests.conftest import SHORT_LIVED_COMPUTE
 
 # One worker takes the whole module: its cluster fixture is started once.
@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.integration, pytest.mark.fault, p
 
 def onceflow(env: dict[str, str], *args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "onceflow", *args], cwd=repo_root(), env=env, capture_output=True, text=True,
+        [sys.executable, "-m", "onceflow_tools", *args], cwd=repo_root(), env=env, capture_output=True, text=True,
         timeout=timeout_s,
     )
 

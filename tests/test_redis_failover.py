@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from onceflow.config import repo_root
-from onceflow.process import free_port
+from onceflow_tools.process import free_port
 from tests.conftest import SHORT_LIVED_COMPUTE
 
 pytestmark = [pytest.mark.redis, pytest.mark.integration, pytest.mark.fault]
@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.redis, pytest.mark.integration, pytest.mark.fault]
 
 def onceflow(env: dict[str, str], *args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "onceflow", *args], cwd=repo_root(), env=env, capture_output=True, text=True,
+        [sys.executable, "-m", "onceflow_tools", *args], cwd=repo_root(), env=env, capture_output=True, text=True,
         timeout=timeout_s,
     )
 

@@ -16,7 +16,8 @@ from onceflow.config import CommonSettings
 from onceflow.redis_client import connect, delete_prefix
 from onceflow.state.store import StoreDiverged
 from onceflow.txn.errors import FencedError
-from onceflow.verify.redis_faults import roll_back, snapshot
+from onceflow_tools.verify.redis_faults import roll_back, snapshot
+
 from onceflow_dedup.buckets import BucketSpec
 from onceflow_dedup.store import APPLY_CHUNK, DedupStore
 from onceflow_sink.tables import Change, Outcome, ResultTables

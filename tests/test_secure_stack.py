@@ -19,7 +19,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from onceflow.config import repo_root
-from onceflow.process import free_port
+from onceflow_tools.process import free_port
 
 pytestmark = [pytest.mark.security, pytest.mark.integration, pytest.mark.xdist_group("secure_stack")]
 
@@ -36,7 +36,7 @@ def _onceflow(env: dict[str, str], *args: str, timeout: float = 600) -> subproce
     # The secure stack's settings only: none of this worker's plain stack leaks in.
     base = {k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_")}
     return subprocess.run(
-        [sys.executable, "-m", "onceflow", *args], cwd=repo_root(), env={**base, **env}, capture_output=True,
+        [sys.executable, "-m", "onceflow_tools", *args], cwd=repo_root(), env={**base, **env}, capture_output=True,
         text=True, timeout=timeout,
     )
 

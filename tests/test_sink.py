@@ -23,7 +23,7 @@ from onceflow.v1 import sink_pb2, sink_pb2_grpc
 from onceflow.v1.acker_pb2 import AckerBatch
 from onceflow.v1.envelope_pb2 import DeadLetter
 from onceflow.v1.results_pb2 import ResultChange
-from onceflow.verify import redis_faults
+from onceflow_tools.verify import redis_faults
 from tests.conftest import Pipeline, eventually, free_port
 from tests.harness import checker
 from tests.harness.process import ServiceProcess
@@ -183,12 +183,12 @@ def test_poison_is_dead_lettered_exactly_once_even_across_a_crash_before_the_app
             query.Scan(sink_pb2.ScanRowsRequest(job="", limit=5), timeout=5)
         assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     cli = subprocess.run(
-        [sys.executable, "-m", "onceflow", "query", "get", JOB, some_key.decode(), "-a", address, "--json"],
+        [sys.executable, "-m", "onceflow_tools", "query", "get", JOB, some_key.decode(), "-a", address, "--json"],
         capture_output=True, text=True, timeout=30, check=True,
     )
     assert json.loads(cli.stdout) == {"found": True, "value": some_value.decode()}
     cli = subprocess.run(
-        [sys.executable, "-m", "onceflow", "query", "scan", JOB, "--prefix", "row-1", "--limit", "5", "-a", address, "--json"],
+        [sys.executable, "-m", "onceflow_tools", "query", "scan", JOB, "--prefix", "row-1", "--limit", "5", "-a", address, "--json"],
         capture_output=True, text=True, timeout=30, check=True,
     )
     assert len(json.loads(cli.stdout)) == 5

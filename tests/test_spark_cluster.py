@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 
 from onceflow.config import repo_root
-from onceflow.process import free_port
+from onceflow.topology import Topic
 from onceflow.v1 import compute_pb2
+from onceflow_tools.process import free_port
 from tests.conftest import Pipeline, eventually
 from tests.harness import checker
 from tests.test_compute import (
@@ -49,7 +50,6 @@ import time
 import pyarrow as pa
 
 from onceflow_compute.api import Aggregation, Combine, Count, Sum
-from onceflow.topology import Topic
 
 SECONDS_PER_VALUE = {slow}  # > 0 keeps the executors busy long enough to be killed mid-task
 
@@ -109,8 +109,8 @@ class Cluster:
 @pytest.fixture(scope="module")
 def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """A master and two workers of their own (home, ports); torn down after the module."""
-    from onceflow.infra import spark
-    from onceflow.infra.settings import InfraSettings
+    from onceflow_tools.infra import spark
+    from onceflow_tools.infra.settings import InfraSettings
 
     base = _free_base(3)
     home = tmp_path_factory.mktemp("spark-cluster")
@@ -159,7 +159,7 @@ def _input(path: Path, records: int = 3000) -> tuple[Path, dict[str, dict]]:
 
 def _batch(cluster: Cluster, job: str, pythonpath: Path, input_path: Path, output: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "onceflow", "batch", "--job", job, "--input", str(input_path), "--output", str(output)],
+        [sys.executable, "-m", "onceflow_tools", "batch", "--job", job, "--input", str(input_path), "--output", str(output)],
         cwd=repo_root(), env={**os.environ, **cluster.env, "PYTHONPATH": str(pythonpath)}, capture_output=True, text=True,
         timeout=300,
     )
@@ -203,7 +203,7 @@ def test_a_streaming_worker_on_the_cluster_stays_exact_through_a_master_and_an_e
     """The compute service as deployed on a cluster: the user job shipped from the worker, the
     master killed with kill -9 mid-stream (a standalone application keeps its executors), then
     a busy executor killed (its tasks run again on the other worker)."""
-    from onceflow.infra import spark
+    from onceflow_tools.infra import spark
 
     job, pythonpath = user_job
     job = job.replace(".merchants", ".slow_merchants")  # busy executors: the kill lands mid-task
@@ -237,7 +237,7 @@ def test_two_workers_share_the_cluster_and_stay_exact_through_rebalances(
     core each, spark.cores.max: the first would otherwise take every core and the second wait
     for ever). b joins mid-stream, a is killed with kill -9 and comes back, b leaves: three
     rebalances, and the table is exact."""
-    from onceflow.infra import spark
+    from onceflow_tools.infra import spark
 
     job, pythonpath = user_job
     rows, inputs = _user_rows(6000)
@@ -284,7 +284,7 @@ def _check_exact(pipeline: Pipeline, job: str, pythonpath: Path, rows: list[dict
 @pytest.fixture
 def connect_server(tmp_path: Path) -> Iterator:
     """A Spark Connect server of its own (port, home), its driver on local[1]."""
-    from onceflow.infra import spark
+    from onceflow_tools.infra import spark
 
     server = spark.ConnectServer(free_port(), "local[1]", "1g", tmp_path / "spark-connect")
     try:
@@ -338,8 +338,8 @@ def test_a_worker_whose_batches_no_executor_runs_turns_unhealthy_and_recovers_wh
     for resources ("Initial job has not accepted any resources"); the batch is cancelled at its
     timeout and fails as a whole: NOT_SERVING with the reason, nothing committed, backing off.
     Once a worker registers, the same records are processed exactly once."""
-    from onceflow.infra import spark
-    from onceflow.infra.settings import InfraSettings
+    from onceflow_tools.infra import spark
+    from onceflow_tools.infra.settings import InfraSettings
 
     settings = InfraSettings(spark_cluster="standalone", spark_master_port=_free_base(2), spark_workers=1)
     master, lone_worker = spark.cluster(settings, tmp_path / "spark")

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from onceflow.config import repo_root
-from onceflow.verify.schedule import available_kinds
+from onceflow_tools.verify.schedule import available_kinds
 from tests.conftest import SHORT_LIVED_COMPUTE
 
 pytestmark = [pytest.mark.verify, pytest.mark.integration, pytest.mark.fault]
@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.verify, pytest.mark.integration, pytest.mark.fault]
 
 def verify(*args: str, timeout_s: float) -> tuple[int, dict]:
     done = subprocess.run(
-        [sys.executable, "-m", "onceflow", "verify", "--json", *args],
+        [sys.executable, "-m", "onceflow_tools", "verify", "--json", *args],
         cwd=repo_root(), env={**os.environ, **SHORT_LIVED_COMPUTE}, capture_output=True, text=True, timeout=timeout_s,
     )
     assert done.stdout.strip(), done.stderr[-5000:]

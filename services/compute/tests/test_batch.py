@@ -204,7 +204,7 @@ def test_metadata_columns_and_averages(engine: SparkEngine, tmp_path: Path) -> N
 
 
 def test_cli_batch(engine: SparkEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from onceflow.cli import app
+    from onceflow_tools.cli import app
 
     # The command's own Spark engine would be a second session; use the module's.
     monkeypatch.setattr(batch, "spark_engine", lambda *args, **kwargs: batch.SessionEngine(engine.session))
@@ -237,7 +237,7 @@ def test_cli_imports_no_spark() -> None:
     probe = """
 import sys
 from typer.testing import CliRunner
-from onceflow.cli import app
+from onceflow_tools.cli import app
 for command in (["batch", "--help"], ["admin", "compute", "--help"], ["admin", "compute", "state", "--help"]):
     done = CliRunner().invoke(app, command)
     assert done.exit_code == 0 and "Usage" in done.output, (command, done.output)

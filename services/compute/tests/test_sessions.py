@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from onceflow.process import free_port
+from onceflow_tools.process import free_port
+
 from onceflow_compute import sessions
 
 pytestmark = pytest.mark.compute

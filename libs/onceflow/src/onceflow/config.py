@@ -6,6 +6,7 @@ A service's own settings use ``ONCEFLOW_<SERVICE>_`` and embed the common ones.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -20,6 +21,13 @@ def repo_root() -> Path:
         if (parent / "infra" / "topics.toml").exists():
             return parent
     return Path.cwd()
+
+
+def runtime_dir() -> Path:
+    """Jars, data, logs and pid files of the local stack, and the services' local caches
+    (``<repo>/.onceflow``, gitignored; ``ONCEFLOW_HOME`` overrides)."""
+    home = os.environ.get("ONCEFLOW_HOME")
+    return Path(home).expanduser().resolve() if home else repo_root() / ".onceflow"
 
 
 def secret(value: str, file: str, name: str) -> str:

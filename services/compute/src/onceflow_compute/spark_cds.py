@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from onceflow.infra.paths import runtime_dir
+from onceflow.config import runtime_dir
 
 
 def _java() -> Path | None:

@@ -1,5 +1,5 @@
 """The Nexmark event stream as the Nexmark jobs read it (one JSON object per event, ``kind``
-saying which: ``onceflow.workloads.nexmark``), and each kind's rows."""
+saying which: ``onceflow_tools.workloads.nexmark``), and each kind's rows."""
 
 import pyarrow as pa
 from pyspark.sql import DataFrame

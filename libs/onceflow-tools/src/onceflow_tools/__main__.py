@@ -1,0 +1,3 @@
+from onceflow_tools.cli import main
+
+main()

@@ -1,0 +1,212 @@
+"""One hop at a time on the same backlog: onceflow's dedup gate and compute worker, and what a
+user would otherwise run for the same job (a Quix Streams exactly-once app) or could at best get
+(a bare transactional copier). Each runs as its own process and is timed the same way: from its
+consumer group's first commit until it has committed the whole backlog (``watch.py``).
+
+onceflow's services are warmed up first (Spark JIT-compiles its own code for minutes): they
+consume a warm-up backlog, are paused through their Admin API while the measured backlog is
+written, and resumed. The peers are plain Python over librdkafka and start at full speed."""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from onceflow.config import CommonSettings, LoopSettings, repo_root
+from onceflow.kafka import clients
+from onceflow.kafka.inspect import end_offsets
+from onceflow.redis_client import connect, delete_prefix
+from onceflow.topology import Topic
+from onceflow.v1 import admin_pb2, admin_pb2_grpc
+from onceflow_tools.bench import workload
+from onceflow_tools.bench.watch import BacklogRun, GroupWatch, time_backlog
+from onceflow_tools.infra.topics import TopicSpec, delete_topics, ensure_topics
+from onceflow_tools.process import ServiceProcess, free_port, pipeline_service
+
+QUIX_DIR = Path("bench") / "peers" / "quix"
+PEER_INPUT, PEER_OUTPUT = "peer.input", "peer.output"
+# The contenders of the hop table, by the job they do.
+HOPS = ("copier", "dedup", "quix-dedup", "compute", "quix-keyed-count")
+_TOKEN = "bench"
+
+
+@dataclass(frozen=True)
+class HopOptions:
+    records: int = 200_000
+    warm_up_records: int = 50_000
+    users: int = 1_000
+    quix_commit_interval_s: float = 1.0
+    log_dir: Path = Path(".")
+
+
+def transaction_sizes(options: HopOptions) -> dict[str, str]:
+    """What each contender puts in one transaction (the report shows it: it moves throughput)."""
+    from onceflow_compute.config import ComputeSettings
+
+    loop, compute = LoopSettings(), ComputeSettings()
+    per_batch = f"≤ {loop.max_batch_records:,} records or {loop.max_batch_ms} ms"
+    quix = f"a checkpoint every {options.quix_commit_interval_s:g} s"
+    return {
+        "copier": per_batch,
+        "dedup": per_batch,
+        "compute": f"{compute.min_batch_records:,}–{compute.max_batch_records:,} records (adaptive) or {compute.max_batch_ms} ms, per hop",
+        "quix-dedup": quix,
+        "quix-keyed-count": quix,
+    }
+
+
+@contextmanager
+def _namespace(tag: str) -> Iterator[CommonSettings]:
+    """A fresh topic prefix with every onceflow topic and the peers' two; deleted afterwards,
+    with whatever the contender created under it (Quix's changelogs carry the prefix in their
+    names, not at their start)."""
+    prefix = f"bench{uuid.uuid4().hex[:6]}{tag}."
+    common = CommonSettings(topic_prefix=prefix)
+    ensure_topics(common.kafka_bootstrap, prefix=prefix)
+    ensure_topics(common.kafka_bootstrap, prefix=prefix, specs=[TopicSpec(PEER_INPUT, 4), TopicSpec(PEER_OUTPUT, 4)])
+    try:
+        yield common
+    finally:
+        delete_topics(common.kafka_bootstrap, prefix=prefix)
+        admin = clients.admin(common)
+        leftovers = [name for name in admin.list_topics(timeout=30).topics if prefix in name]
+        if leftovers:
+            for future in admin.delete_topics(leftovers, request_timeout=30).values():
+                future.result()
+        delete_prefix(connect(common.redis_url), prefix)
+
+
+def _run_peer(process: ServiceProcess, watch: GroupWatch, total: int) -> BacklogRun:
+    process.start()
+    try:
+        return time_backlog(watch, total, process.alive)
+    finally:
+        watch.close()
+        if process.alive():
+            process.terminate(60)
+
+
+def _run_service(
+    name: str, common: CommonSettings, options: HopOptions, watch: GroupWatch, topic: str,
+    key: Callable[[workload.KeyedRecord], str], finished: Callable[[], bool] = lambda: True, **settings: str,
+) -> BacklogRun:
+    """Warm up on ``warm_up_records``, pause, write the measured backlog, resume, time it."""
+    def backlog(id_prefix: str, count: int) -> None:
+        workload.write_backlog(
+            common, common.topic(topic),
+            ((key(r).encode(), workload.envelope(r)) for r in workload.records(count, options.users, id_prefix)),
+        )
+
+    address = f"127.0.0.1:{free_port()}"
+    process = pipeline_service(name, address, common.topic_prefix, "bench", options.log_dir, **settings)
+    process.env["ONCEFLOW_ADMIN_TOKEN"] = _TOKEN
+    backlog("warm", options.warm_up_records)
+    process.start()
+    try:
+        process.wait_healthy(address, 180)
+        time_backlog(watch, options.warm_up_records, process.alive, finished)
+        with grpc.insecure_channel(address) as channel:
+            admin = admin_pb2_grpc.AdminStub(channel)
+            token = [("authorization", f"Bearer {_TOKEN}")]
+            admin.Pause(admin_pb2.PauseRequest(), metadata=token, timeout=30)
+            backlog("bench", options.records)
+            admin.Resume(admin_pb2.ResumeRequest(), metadata=token, timeout=30)
+        total = options.warm_up_records + options.records
+        return time_backlog(watch, total, process.alive, finished, after=options.warm_up_records)
+    finally:
+        watch.close()
+        if process.alive():
+            process.terminate(60)
+
+
+def _peer_records(options: HopOptions, keyed_by_record_id: bool) -> Iterator[tuple[bytes, bytes]]:
+    for record in workload.records(options.records, options.users, "bench"):
+        key = record.record_id if keyed_by_record_id else record.user
+        yield key.encode(), workload.peer_json(record)
+
+
+def copier(options: HopOptions) -> BacklogRun:
+    with _namespace("copy") as common:
+        workload.write_backlog(common, common.topic(PEER_INPUT), _peer_records(options, keyed_by_record_id=False))
+        group = common.topic("copier")
+        process = ServiceProcess(
+            "copier", "onceflow_tools.bench.copier", {}, options.log_dir, cwd=repo_root(),
+            args=[common.topic(PEER_INPUT), common.topic(PEER_OUTPUT), group, group],
+        )
+        return _run_peer(process, GroupWatch(common, group, common.topic(PEER_INPUT)), options.records)
+
+
+def dedup(options: HopOptions) -> BacklogRun:
+    from onceflow_dedup.config import DedupSettings
+
+    with _namespace("dedup") as common:
+        watch = GroupWatch(common, DedupSettings(common=common).group_id, common.topic(Topic.INGEST_RECORDS))
+        return _run_service("dedup", common, options, watch, Topic.INGEST_RECORDS, key=lambda r: r.record_id)
+
+
+def _all_read(common: CommonSettings, watch: GroupWatch, topic: str) -> Callable[[], bool]:
+    """Whether ``watch``'s group has read ``topic`` (written in transactions) to its end: a
+    committed offset can stop one short of the last stable offset, at the last transaction's
+    marker."""
+
+    def check() -> bool:
+        committed = watch.offsets()
+        return all(committed.get(p, 0) >= lso - 1 for p, (lso, _hw) in end_offsets(common, common.topic(topic)).items() if lso > 0)
+
+    return check
+
+
+def compute(options: HopOptions) -> BacklogRun:
+    """Both of compute's hops (map, then the keyed merge): done when the merge hop has read every
+    partial the map hop wrote."""
+    from onceflow_compute.config import ComputeSettings
+
+    with _namespace("compute") as common:
+        settings = ComputeSettings(common=common)
+        watch = GroupWatch(common, settings.group_id(workload.JOB, "map"), common.topic(Topic.DEDUP_RECORDS))
+        merge = GroupWatch(common, settings.group_id(workload.JOB, "merge"), common.topic(Topic.COMPUTE_PARTIALS))
+        try:
+            return _run_service(
+                "compute", common, options, watch, Topic.DEDUP_RECORDS, key=lambda r: r.user,
+                finished=_all_read(common, merge, Topic.COMPUTE_PARTIALS), JOB=workload.JOB,
+            )
+        finally:
+            merge.close()
+
+
+def quix_python(root: Path | None = None) -> Path:
+    """The Quix Streams peer's own venv (its pins clash with the workspace's), set up on demand."""
+    folder = (root or repo_root()) / QUIX_DIR
+    subprocess.run([str(folder / "setup.sh")], check=True)
+    return folder / ".venv" / "bin" / "python"
+
+
+def quix(options: HopOptions, app: str) -> BacklogRun:
+    """A Quix Streams app (``apps.py``: ``dedup`` or ``keyed_count``), exactly-once, on the same
+    records as JSON."""
+    with _namespace(f"quix{app.replace('_', '')}") as common:
+        workload.write_backlog(common, common.topic(PEER_INPUT), _peer_records(options, keyed_by_record_id=app == "dedup"))
+        group = common.topic(f"quix-{app}")
+        state_dir = options.log_dir / f"quix-state-{uuid.uuid4().hex[:6]}"
+        process = ServiceProcess(
+            f"quix-{app}", "apps", {}, options.log_dir, cwd=repo_root() / QUIX_DIR,
+            args=[app, "--bootstrap", common.kafka_bootstrap, "--input", common.topic(PEER_INPUT),
+                  "--output", common.topic(PEER_OUTPUT), "--group", group,
+                  "--commit-interval", str(options.quix_commit_interval_s), "--state-dir", str(state_dir), "--quiet"],
+            python=str(quix_python()),
+        )
+        return _run_peer(process, GroupWatch(common, group, common.topic(PEER_INPUT)), options.records)
+
+
+def run_hop(name: str, options: HopOptions) -> BacklogRun:
+    runners: dict[str, Callable[[HopOptions], BacklogRun]] = {
+        "copier": copier, "dedup": dedup, "compute": compute,
+        "quix-dedup": lambda o: quix(o, "dedup"), "quix-keyed-count": lambda o: quix(o, "keyed_count"),
+    }
+    return runners[name](options)

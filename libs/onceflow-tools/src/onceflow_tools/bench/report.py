@@ -1,0 +1,145 @@
+"""What ``onceflow bench`` concludes: the ratios the targets are stated in, a table, the JSON
+file and the latency-vs-throughput plot."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from onceflow_tools.bench.pipeline import ModeResult
+from onceflow_tools.bench.watch import BacklogRun
+
+# The issue's targets, as (ratio name, lowest acceptable) and the p99 bound at half load.
+TARGETS = {"exactly_once_vs_at_least_once": 0.8, "dedup_vs_quix": 1.0, "compute_vs_quix": 1.0}
+P99_BOUND_MS = 2_000.0
+
+
+@dataclass
+class Report:
+    modes: dict[str, ModeResult] = field(default_factory=dict)
+    hops: dict[str, BacklogRun] = field(default_factory=dict)
+    hop_records: int = 0
+    hop_transactions: dict[str, str] = field(default_factory=dict)  # what one transaction holds, per contender
+    failures: dict[str, str] = field(default_factory=dict)  # a part that could not be measured -> why
+
+    def ratios(self) -> dict[str, float]:
+        ratios: dict[str, float] = {}
+        eos, alos = self.modes.get("exactly_once"), self.modes.get("at_least_once")
+        if eos and alos:
+            ratios["exactly_once_vs_at_least_once"] = eos.sustainable / alos.sustainable
+        rate = {name: run.records_per_s for name, run in self.hops.items()}
+        for ours, peer, name in (("dedup", "quix-dedup", "dedup_vs_quix"), ("compute", "quix-keyed-count", "compute_vs_quix")):
+            if ours in rate and peer in rate:
+                ratios[name] = rate[ours] / rate[peer]
+        for name in ("dedup", "compute", "quix-dedup", "quix-keyed-count"):
+            if name in rate and "copier" in rate:
+                ratios[f"{name}_vs_copier"] = rate[name] / rate["copier"]
+        return ratios
+
+    def p99_at_half_load(self) -> float | None:
+        """The exactly-once pipeline's p99 at the offered rate nearest half its sustainable rate."""
+        eos = self.modes.get("exactly_once")
+        if not eos or not eos.sweep:
+            return None
+        half = eos.sustainable / 2
+        return min(eos.sweep, key=lambda point: abs(point.offered - half)).p99_ms
+
+    def verdicts(self) -> dict[str, bool]:
+        ratios = self.ratios()
+        verdicts = {name: ratios[name] >= bound for name, bound in TARGETS.items() if name in ratios}
+        p99 = self.p99_at_half_load()
+        if p99 is not None:
+            verdicts["p99_under_2s_at_half_load"] = p99 < P99_BOUND_MS
+        return verdicts
+
+    def as_json(self) -> dict:
+        return {
+            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+            "pipeline": {name: asdict(mode) for name, mode in self.modes.items()},
+            "hops": {name: {**asdict(run), "records_per_s": run.records_per_s} for name, run in self.hops.items()},
+            "hop_records": self.hop_records,
+            "hop_transactions": self.hop_transactions,
+            "failures": self.failures,
+            "ratios": self.ratios(),
+            "p99_ms_at_half_load": self.p99_at_half_load(),
+            "targets_met": self.verdicts(),
+        }
+
+
+def print_tables(report: Report, console: Console) -> None:
+    if report.modes:
+        modes = list(report.modes.values())
+        table = Table(title="end to end: client sends → applied in the sink (tree completed)")
+        table.add_column("")
+        for mode in modes:
+            table.add_column(mode.guarantee, justify="right")
+        table.add_row("sustainable records/s", *(f"{m.sustainable:,.0f}" for m in modes))
+        table.add_row("p50 / p99 ms at saturation", *(f"{m.saturation_p50_ms:,.0f} / {m.saturation_p99_ms:,.0f}" for m in modes))
+        for service in modes[0].services:
+            table.add_row(f"  {service} /s", *(f"{m.services.get(service, 0):,.0f}" for m in modes))
+        for index, point in enumerate(modes[0].sweep):
+            cells = []
+            for mode in modes:
+                p = mode.sweep[index] if index < len(mode.sweep) else None
+                cells.append(f"{p.achieved:,.0f}/s, {p.p50_ms:,.0f} / {p.p99_ms:,.0f} ms" if p else "-")
+            table.add_row(f"offered {point.offered:,.0f}/s: achieved, p50 / p99", *cells)
+        console.print(table)
+    if report.hops:
+        table = Table(title=f"one hop on a backlog of {report.hop_records:,} records (first commit → all committed)")
+        for column in ("contender", "records/s", "× copier", "one transaction"):
+            table.add_column(column, justify="right" if column in ("records/s", "× copier") else "left")
+        copier = report.hops.get("copier")
+        for name, run in report.hops.items():
+            ratio = f"{run.records_per_s / copier.records_per_s:.2f}" if copier else "-"
+            table.add_row(name, f"{run.records_per_s:,.0f}", ratio, report.hop_transactions.get(name, ""))
+        console.print(table)
+    for part, why in report.failures.items():
+        console.print(f"[red]not measured[/]: {part}: {why}")
+    verdicts = report.verdicts()
+    for name, value in report.ratios().items():
+        bound = TARGETS.get(name)
+        mark = "" if bound is None else (" [green]≥ target[/]" if verdicts[name] else f" [red]below the {bound}× target[/]")
+        console.print(f"{name}: {value:.2f}×{mark}")
+    p99 = report.p99_at_half_load()
+    if p99 is not None:
+        ok = verdicts["p99_under_2s_at_half_load"]
+        console.print(f"exactly-once p99 at half the sustainable rate: {p99:,.0f} ms {'[green]< 2 s[/]' if ok else '[red]≥ 2 s[/]'}")
+
+
+def write(report: Report, folder: Path) -> tuple[Path, Path | None]:
+    folder.mkdir(parents=True, exist_ok=True)
+    data = folder / "onceflow-bench.json"
+    data.write_text(json.dumps(report.as_json(), indent=2))
+    return data, plot(report, folder / "onceflow-bench.png") if report.modes else None
+
+
+def plot(report: Report, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: a file only
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(8, 5))
+    for mode, color in zip(report.modes.values(), ("tab:blue", "tab:orange"), strict=False):
+        points = sorted(mode.sweep, key=lambda p: p.achieved)
+        x = [p.achieved for p in points]
+        axes.plot(x, [p.p99_ms for p in points], "o-", color=color, label=f"{mode.guarantee} p99")
+        axes.plot(x, [p.p50_ms for p in points], "s--", color=color, alpha=0.6, label=f"{mode.guarantee} p50")
+        axes.axvline(mode.sustainable, color=color, linestyle=":", label=f"{mode.guarantee} sustainable")
+    axes.axhline(P99_BOUND_MS, color="grey", linewidth=0.8, label="2 s")
+    axes.set_xlabel("records/s through the whole pipeline")
+    axes.set_ylabel("client send → applied in the sink, ms")
+    axes.set_yscale("log")
+    axes.set_title(f"onceflow end to end, usersum, {os.cpu_count()} cores")
+    axes.legend(fontsize="small")
+    axes.grid(True, which="both", alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path

@@ -1,0 +1,24 @@
+"""The single CLI entry point: ``onceflow`` (also ``python -m onceflow_tools``)."""
+
+from __future__ import annotations
+
+import typer
+
+from onceflow_tools.cli import admin, batch, bench, demo, health, infra, nexmark, query, topology, verify
+
+app = typer.Typer(no_args_is_help=True, help="onceflow: exactly-once stream processing.")
+app.add_typer(infra.app, name="infra")
+app.add_typer(admin.app, name="admin")
+app.add_typer(query.app, name="query")
+app.command("demo")(demo.demo)
+app.command("health")(health.health)
+app.command("nexmark")(nexmark.send)
+app.command("verify")(verify.verify)
+app.command("bench")(bench.bench)
+app.command("topology")(topology.topology)
+# Lazy: imports the compute package (and pyspark) only when it runs.
+app.command("batch")(batch.batch)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,118 @@
+"""The local stack's secure mode (`onceflow infra up --secure`, ``ONCEFLOW_SECURE=1``): the broker
+with a SASL_SSL listener (SCRAM-SHA-512) and Redis with TLS and an ACL user, both with
+certificates and passwords generated once for this home, so the secure path is really
+exercised. Its broker and Redis live in homes of their own (``kafka-secure``, ``redis-secure``):
+SCRAM credentials are written when the storage is formatted.
+
+What clients need (``client_env``) is the same set of ``ONCEFLOW_*`` settings a production
+deployment gives its services; `infra up --secure` prints it."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from onceflow_tools.infra import _proc
+from onceflow_tools.infra.certs import CertAuthority
+from onceflow_tools.infra.paths import runtime_dir
+from onceflow_tools.infra.settings import InfraSettings
+
+USER = "onceflow"
+SCRAM_MECHANISM = "SCRAM-SHA-512"
+CERT_DAYS = 365
+
+
+@dataclass(frozen=True)
+class Material:
+    """The CA, the servers' certificate (for 127.0.0.1 and localhost) and the two passwords."""
+
+    dir: Path
+
+    @property
+    def ca(self) -> Path:
+        return self.dir / "ca.pem"
+
+    @property
+    def server_cert(self) -> Path:
+        return self.dir / "server.pem"
+
+    @property
+    def server_key(self) -> Path:
+        return self.dir / "server.key"
+
+    @property
+    def server_keystore(self) -> Path:
+        """Key and certificate in one PEM file: Kafka's ``ssl.keystore.type=PEM``."""
+        return self.dir / "server-keystore.pem"
+
+    @property
+    def kafka_password_file(self) -> Path:
+        return self.dir / "kafka-password"
+
+    @property
+    def redis_password_file(self) -> Path:
+        return self.dir / "redis-password"
+
+    @property
+    def kafka_password(self) -> str:
+        return self.kafka_password_file.read_text().strip()
+
+    @property
+    def redis_password(self) -> str:
+        return self.redis_password_file.read_text().strip()
+
+    def ensure(self) -> Material:
+        """Create what is missing (idempotent; several processes may ask at once)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with _proc.file_lock(self.dir / ".lock"):
+            if not self.server_keystore.exists():
+                ca = CertAuthority.create(self.dir, "ca", days=CERT_DAYS)
+                leaf = ca.issue("server", "serverAuth,clientAuth", days=CERT_DAYS)
+                assert leaf.cert == self.server_cert and leaf.key == self.server_key
+                self.server_keystore.write_text(self.server_key.read_text() + self.server_cert.read_text())
+            for path in (self.kafka_password_file, self.redis_password_file):
+                if not path.exists():
+                    path.write_text(secrets.token_hex(16) + "\n")  # hex: safe in JAAS and ACL syntax
+            for path in self.dir.iterdir():
+                if path.is_file():
+                    path.chmod(0o600)
+        return self
+
+
+def material(home: Path | None = None) -> Material:
+    return Material((home or runtime_dir()) / "secure").ensure()
+
+
+def enabled() -> bool:
+    return InfraSettings().secure
+
+
+def client_env(kafka_bootstrap: str, redis_port: int, home: Path | None = None) -> dict[str, str]:
+    """The settings every client of the secure stack needs (services, CLI, tests)."""
+    m = material(home)
+    return {
+        "ONCEFLOW_KAFKA_BOOTSTRAP": kafka_bootstrap,
+        "ONCEFLOW_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+        "ONCEFLOW_KAFKA_SASL_MECHANISM": SCRAM_MECHANISM,
+        "ONCEFLOW_KAFKA_SASL_USERNAME": USER,
+        "ONCEFLOW_KAFKA_SASL_PASSWORD_FILE": str(m.kafka_password_file),
+        "ONCEFLOW_KAFKA_SSL_CA_FILE": str(m.ca),
+        "ONCEFLOW_REDIS_URL": f"rediss://{USER}@127.0.0.1:{redis_port}/0",
+        "ONCEFLOW_REDIS_PASSWORD_FILE": str(m.redis_password_file),
+        "ONCEFLOW_REDIS_SSL_CA_FILE": str(m.ca),
+    }
+
+
+def apply_client_env() -> dict[str, str]:
+    """In secure mode, point this process's clients at the secure stack (what the user did not
+    set already); the settings, for `infra up` to print."""
+    from onceflow_tools.infra.settings import kafka_port, redis_port
+
+    env = client_env(f"127.0.0.1:{kafka_port()}", redis_port())
+    for name, value in env.items():
+        if name == "ONCEFLOW_REDIS_URL" and os.environ.get(name, "").startswith("redis://"):
+            os.environ[name] = value  # the plain URL of the same port: the secure one instead
+        os.environ.setdefault(name, value)
+    return env

@@ -1,0 +1,63 @@
+"""The bench's arithmetic: the ratios its targets are stated in and the latency it reads off a
+sweep must be the ones the numbers say (a bench that misreports is worse than none)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from onceflow_tools.bench.pipeline import ModeResult, RatePoint, completion_rate, percentile
+from onceflow_tools.bench.report import Report, write
+from onceflow_tools.bench.watch import BacklogRun
+
+pytestmark = pytest.mark.verify
+
+
+def _report(eos: float, alos: float, p99_at_half: float) -> Report:
+    sweep = [RatePoint(eos * f, eos * f, 100, 50.0, p99) for f, p99 in ((0.25, 100.0), (0.5, p99_at_half), (1.0, 5000.0))]
+    return Report(
+        modes={"exactly_once": ModeResult("exactly_once", eos, sweep=sweep), "at_least_once": ModeResult("at_least_once", alos, sweep=sweep)},
+        hops={"copier": BacklogRun(1000, 0.1), "dedup": BacklogRun(1000, 0.2), "quix-dedup": BacklogRun(1000, 0.4),
+              "compute": BacklogRun(1000, 0.5), "quix-keyed-count": BacklogRun(1000, 0.4)},
+    )
+
+
+def test_ratios_and_verdicts_follow_the_numbers() -> None:
+    report = _report(eos=900, alos=1000, p99_at_half=1500)
+    ratios = report.ratios()
+    assert ratios["exactly_once_vs_at_least_once"] == pytest.approx(0.9)
+    assert ratios["dedup_vs_quix"] == pytest.approx(2.0)
+    assert ratios["compute_vs_quix"] == pytest.approx(0.8)
+    assert ratios["dedup_vs_copier"] == pytest.approx(0.5)
+    assert report.p99_at_half_load() == 1500
+    assert report.verdicts() == {
+        "exactly_once_vs_at_least_once": True, "dedup_vs_quix": True, "compute_vs_quix": False, "p99_under_2s_at_half_load": True,
+    }
+
+
+def test_a_slow_exactly_once_pipeline_misses_its_targets() -> None:
+    verdicts = _report(eos=700, alos=1000, p99_at_half=2500).verdicts()
+    assert not verdicts["exactly_once_vs_at_least_once"]
+    assert not verdicts["p99_under_2s_at_half_load"]
+
+
+def testcompletion_rate_ignores_the_first_and_last_tenth() -> None:
+    # 1,000 trees over 10 s at 100/s, then one straggler 100 s later: the rate stays 100/s.
+    times = [1_000_000 + i * 10 for i in range(1000)] + [1_110_000]
+    assert completion_rate(times) == pytest.approx(100, rel=0.02)
+
+
+def testpercentiles() -> None:
+    values = list(range(1, 101))
+    assert percentile(values, 50) == pytest.approx(50.5)
+    assert percentile(values, 99) == pytest.approx(99.01)
+    assert percentile([7], 99) == 7
+
+
+def test_the_report_writes_json_and_a_plot(tmp_path) -> None:
+    data, png = write(_report(eos=900, alos=1000, p99_at_half=1500), tmp_path)
+    written = json.loads(data.read_text())
+    assert written["ratios"]["exactly_once_vs_at_least_once"] == pytest.approx(0.9)
+    assert set(written["hops"]) == {"copier", "dedup", "quix-dedup", "compute", "quix-keyed-count"}
+    assert png is not None and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,3 +1,0 @@
-from onceflow.cli import main
-
-main()
