@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from onceflow.config import repo_root
-from onceflow_tools.infra._proc import port_open
+from onceflow_tools.infra.plumbing import port_open
 from tests.conftest import eventually
 
 pytestmark = [pytest.mark.devex, pytest.mark.integration]

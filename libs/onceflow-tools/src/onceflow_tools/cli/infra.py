@@ -14,10 +14,10 @@ from rich.table import Table
 from onceflow.config import CommonSettings
 from onceflow_tools.infra import secure as secure_stack
 from onceflow_tools.infra import spark, stack
-from onceflow_tools.infra._proc import InfraError, tail
 from onceflow_tools.infra.kafka import KafkaBroker
 from onceflow_tools.infra.kafka import cluster as kafka_cluster
 from onceflow_tools.infra.paths import display_path
+from onceflow_tools.infra.plumbing import InfraError, tail
 from onceflow_tools.infra.redis import SENTINEL_MASTER, RedisServer
 from onceflow_tools.infra.redis import topology as redis_topology
 from onceflow_tools.infra.settings import InfraSettings

@@ -15,12 +15,11 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from onceflow.kafka.clients import plain_config
-from onceflow_tools.infra import _proc
-from onceflow_tools.infra._proc import InfraError
+from onceflow_tools.infra import plumbing
 from onceflow_tools.infra.paths import display_path, infra_dir, runtime_dir
+from onceflow_tools.infra.plumbing import InfraError
 from onceflow_tools.infra.settings import InfraSettings, kafka_port
 
 log = logging.getLogger(__name__)
@@ -159,7 +158,7 @@ class KafkaBroker:
     def install(self, force: bool = False) -> bool:
         """Copy the broker's runtime jars into ``libs_dir`` with Maven. Skipped (returns False)
         when the stamp matches the pom's hash, so only a pom change costs a Maven run."""
-        with _proc.file_lock(self._lock):
+        with plumbing.file_lock(self._lock):
             return self._install(force)
 
     def _install(self, force: bool = False) -> bool:
@@ -195,7 +194,7 @@ class KafkaBroker:
             quorum, replicas = f"controller.quorum.voters={self.voters}", len(self.voters.split(","))
         else:
             quorum, replicas = f"controller.quorum.bootstrap.servers=127.0.0.1:{self.controller_port}", 1
-        return _proc.render(
+        return plumbing.render(
             infra_dir() / "kafka" / "server.properties",
             self.props_path,
             {
@@ -235,14 +234,14 @@ class KafkaBroker:
         """One node alone: a fresh id. A cluster's nodes: the one id, written by the first."""
         if not self.voters:
             return _random_cluster_id()
-        with _proc.file_lock(self.home.parent / ".cluster-id.lock"):
+        with plumbing.file_lock(self.home.parent / ".cluster-id.lock"):
             if not self._cluster_id_file.exists():
                 self._cluster_id_file.write_text(_random_cluster_id() + "\n")
             return self._cluster_id_file.read_text().strip()
 
     def format(self) -> bool:
         """Format the KRaft storage once (a fresh cluster id); False if already formatted."""
-        with _proc.file_lock(self._lock):
+        with plumbing.file_lock(self._lock):
             return self._format()
 
     def _format(self) -> bool:
@@ -309,14 +308,14 @@ class KafkaBroker:
     # -- process ----------------------------------------------------------------------------
 
     def pid(self) -> int | None:
-        return _proc.read_pid(self.pid_file, _MAIN_CLASS)
+        return plumbing.read_pid(self.pid_file, _MAIN_CLASS)
 
     def is_running(self) -> bool:
         return self.pid() is not None
 
     def is_healthy(self, timeout: float = 2.0) -> bool:
         """The broker answers a metadata request and lists itself."""
-        if not _proc.port_open(self.port, timeout=min(timeout, 0.5)):
+        if not plumbing.port_open(self.port, timeout=min(timeout, 0.5)):
             return False
         from confluent_kafka.admin import AdminClient
 
@@ -331,7 +330,7 @@ class KafkaBroker:
     def start(self, timeout: float = 90.0) -> bool:
         """Install, format and start the broker if needed, then wait until it answers.
         Returns False (fast) if it was already healthy."""
-        with _proc.file_lock(self._lock):
+        with plumbing.file_lock(self._lock):
             return self._start(timeout)
 
     def _start(self, timeout: float) -> bool:
@@ -344,7 +343,7 @@ class KafkaBroker:
     def spawn(self) -> int | None:
         """Start the JVM if it is not running, without waiting for it: a cluster's nodes must all
         be started before any can elect a controller. The pid, or None if already healthy."""
-        with _proc.file_lock(self._lock):
+        with plumbing.file_lock(self._lock):
             return self._spawn()
 
     def wait_ready(self, pid: int, timeout: float = 90.0) -> None:
@@ -358,7 +357,7 @@ class KafkaBroker:
                     f"{self.bootstrap} is answered by a Kafka that onceflow did not start"
                     f" (no live pid in {display_path(self.pid_file)})"
                 )
-            if _proc.port_open(self.port) or _proc.port_open(self.controller_port):
+            if plumbing.port_open(self.port) or plumbing.port_open(self.controller_port):
                 raise InfraError(f"port {self.port} or {self.controller_port} is taken by another process")
         elif self.is_healthy(timeout=2.0):
             return None
@@ -371,7 +370,7 @@ class KafkaBroker:
             cmd = [java, *_JVM_OPTS, *self._cds_opts(java), *self._log_opts(), *classpath]
             if self.out_path.exists():  # keep the previous JVM's output (a crash) one start longer
                 self.out_path.replace(self.out_path.with_suffix(".out.prev"))
-            pid = _proc.spawn_detached(cmd, self.out_path, cwd=self.home)
+            pid = plumbing.spawn_detached(cmd, self.out_path, cwd=self.home)
             self.pid_file.write_text(f"{pid}\n")
         return pid
 
@@ -379,25 +378,25 @@ class KafkaBroker:
         started = time.monotonic()
 
         def ready() -> bool:
-            if not _proc.pid_alive(pid):
+            if not plumbing.pid_alive(pid):
                 raise InfraError(self._failure(f"Kafka exited during start-up (pid {pid})"))
             return self.is_healthy(timeout=1.0)
 
-        if not _proc.wait_until(ready, timeout, 0.2):
+        if not plumbing.wait_until(ready, timeout, 0.2):
             raise InfraError(
                 self._failure(f"Kafka did not answer on {self.bootstrap} within {timeout:.0f}s (pid {pid})")
             )
         log.info("%s up on %s in %.1fs", self.name, self.bootstrap, time.monotonic() - started)
 
     def _failure(self, what: str) -> str:
-        out = _proc.tail(self.out_path, 15)
+        out = plumbing.tail(self.out_path, 15)
         hint = f"\n--- {display_path(self.out_path)} (tail) ---\n{out}" if out.strip() else ""
         return f"{what}; see {display_path(self.log_path)}{hint}"
 
     def stop(self, timeout: float = 30.0) -> bool:
         """SIGTERM (controlled shutdown, clean logs), SIGKILL after ``timeout``.
         Returns False if it was not running."""
-        with _proc.file_lock(self._lock):
+        with plumbing.file_lock(self._lock):
             return self._stop(timeout)
 
     def _stop(self, timeout: float) -> bool:
@@ -405,7 +404,7 @@ class KafkaBroker:
         if pid is None:
             self.pid_file.unlink(missing_ok=True)
             return False
-        if not _proc.stop_pid(pid, timeout):
+        if not plumbing.stop_pid(pid, timeout):
             self._drop_partial_cds()
             log.warning("kafka (pid %d) ignored SIGTERM for %.0fs and was killed", pid, timeout)
         self.pid_file.unlink(missing_ok=True)
@@ -416,7 +415,7 @@ class KafkaBroker:
         pid = self.pid()
         if pid is None:
             return False
-        _proc.kill_pid(pid)
+        plumbing.kill_pid(pid)
         self._drop_partial_cds()
         return True
 
@@ -479,7 +478,7 @@ class KafkaBroker:
 
     def restart(self, hard: bool = False, timeout: float = 90.0) -> None:
         """Stop (SIGKILL if ``hard``) and start again on the same data."""
-        with _proc.file_lock(self._lock):
+        with plumbing.file_lock(self._lock):
             if hard:
                 self.kill()
             else:

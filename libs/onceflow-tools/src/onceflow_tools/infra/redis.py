@@ -7,9 +7,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from onceflow_tools.infra import _proc
-from onceflow_tools.infra._proc import InfraError
+from onceflow_tools.infra import plumbing
 from onceflow_tools.infra.paths import display_path, infra_dir, runtime_dir
+from onceflow_tools.infra.plumbing import InfraError
 from onceflow_tools.infra.settings import InfraSettings, redis_port, sentinel_port
 
 # The name Sentinel knows the primary by (the path of a redis+sentinel:// URL).
@@ -84,14 +84,14 @@ class RedisServer:
         return True
 
     def pid(self) -> int | None:
-        return _proc.read_pid(self.pid_file, "redis-server")
+        return plumbing.read_pid(self.pid_file, "redis-server")
 
     def is_running(self) -> bool:
         return self.pid() is not None
 
     def is_healthy(self, timeout: float = 1.0) -> bool:
         """PING answers (a server still loading its AOF answers LOADING, which is not healthy)."""
-        if not _proc.port_open(self.port, timeout=min(timeout, 0.5)):
+        if not plumbing.port_open(self.port, timeout=min(timeout, 0.5)):
             return False
         import redis as redis_py  # ~0.5 s to import: only when a server is there to ask
 
@@ -134,13 +134,13 @@ class RedisServer:
 
     def start(self, timeout: float = 30.0) -> bool:
         """Start redis-server (it daemonizes itself) and wait for PING. False if already healthy."""
-        with _proc.file_lock(self._lock):
+        with plumbing.file_lock(self._lock):
             return self._start(timeout)
 
     def _start(self, timeout: float) -> bool:
         pid = self.pid()
         if pid is None:
-            if _proc.port_open(self.port):
+            if plumbing.port_open(self.port):
                 raise InfraError(f"port {self.port} is taken by a process onceflow did not start")
             self.ensure_installed()
             self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -155,7 +155,7 @@ class RedisServer:
                 raise InfraError(f"redis-server refused to start: {why}; see {display_path(self.log_path)}")
         elif self.is_healthy():
             return False
-        if not _proc.wait_until(self.is_healthy, timeout, 0.05):
+        if not plumbing.wait_until(self.is_healthy, timeout, 0.05):
             raise InfraError(
                 f"redis did not answer PING on {self.address} within {timeout:.0f}s;"
                 f" see {display_path(self.log_path)}"
@@ -173,13 +173,13 @@ class RedisServer:
             if self.conf_path.exists():
                 return  # Sentinel keeps what it learned (the primary after a failover) in it
             values |= {"master_name": SENTINEL_MASTER, "primary_port": self.sentinel_of}
-            _proc.render(infra_dir() / "redis" / "sentinel.conf", self.conf_path, values)
+            plumbing.render(infra_dir() / "redis" / "sentinel.conf", self.conf_path, values)
             return
         # A restarted old primary starts as a primary: Sentinel turns it into a replica of the
         # new one as soon as it sees it.
         replication = f"replicaof 127.0.0.1 {self.replica_of}" if self.replica_of else ""
         values |= {"replication": replication, "appendfsync": InfraSettings().redis_appendfsync}
-        _proc.render(infra_dir() / "redis" / "redis.conf", self.conf_path, values)
+        plumbing.render(infra_dir() / "redis" / "redis.conf", self.conf_path, values)
 
     def _security_values(self) -> dict[str, object]:
         """TLS on the one port (no plaintext listener) and the default user off: a client
@@ -200,22 +200,22 @@ class RedisServer:
 
     def stop(self, timeout: float = 30.0) -> bool:
         """SIGTERM (redis fsyncs the AOF and exits), SIGKILL after ``timeout``. False if not running."""
-        with _proc.file_lock(self._lock):
+        with plumbing.file_lock(self._lock):
             return self._stop(timeout)
 
     def _stop(self, timeout: float) -> bool:
-        return _proc.stop_recorded(self.pid_file, "redis-server", timeout)
+        return plumbing.stop_recorded(self.pid_file, "redis-server", timeout)
 
     def kill(self) -> bool:
         """SIGKILL: at most the last second of writes is lost (appendfsync everysec)."""
         pid = self.pid()
         if pid is None:
             return False
-        _proc.kill_pid(pid)
+        plumbing.kill_pid(pid)
         return True
 
     def restart(self, hard: bool = False, timeout: float = 30.0) -> None:
-        with _proc.file_lock(self._lock):
+        with plumbing.file_lock(self._lock):
             if hard:
                 self.kill()
             else:

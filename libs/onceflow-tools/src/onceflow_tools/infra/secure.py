@@ -14,7 +14,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from onceflow_tools.infra import _proc
+from onceflow_tools.infra import plumbing
 from onceflow_tools.infra.certs import CertAuthority
 from onceflow_tools.infra.paths import runtime_dir
 from onceflow_tools.infra.settings import InfraSettings
@@ -66,7 +66,7 @@ class Material:
     def ensure(self) -> Material:
         """Create what is missing (idempotent; several processes may ask at once)."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        with _proc.file_lock(self.dir / ".lock"):
+        with plumbing.file_lock(self.dir / ".lock"):
             if not self.server_keystore.exists():
                 ca = CertAuthority.create(self.dir, "ca", days=CERT_DAYS)
                 leaf = ca.issue("server", "serverAuth,clientAuth", days=CERT_DAYS)

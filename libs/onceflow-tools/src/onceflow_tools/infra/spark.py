@@ -20,9 +20,9 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from onceflow_tools.infra import _proc
-from onceflow_tools.infra._proc import InfraError
+from onceflow_tools.infra import plumbing
 from onceflow_tools.infra.paths import runtime_dir
+from onceflow_tools.infra.plumbing import InfraError
 from onceflow_tools.infra.settings import InfraSettings
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
@@ -58,7 +58,7 @@ class _Daemon:
         raise NotImplementedError
 
     def pid(self) -> int | None:
-        return _proc.read_pid(self.pid_file, self.marker)
+        return plumbing.read_pid(self.pid_file, self.marker)
 
     def start(self) -> int | None:
         """Spawn if not running, with no PYTHONPATH of ours; the pid, or None if it already ran."""
@@ -66,17 +66,17 @@ class _Daemon:
             return None
         self.dir.mkdir(parents=True, exist_ok=True)
         env_prefix = ["env", "-u", "PYTHONPATH", *(f"{k}={v}" for k, v in self.environment().items())]
-        pid = _proc.spawn_detached([*env_prefix, *self.command()], self.log_path)
+        pid = plumbing.spawn_detached([*env_prefix, *self.command()], self.log_path)
         self.pid_file.write_text(str(pid))
         return pid
 
     def stop(self, timeout: float = 20.0) -> bool:
-        return _proc.stop_recorded(self.pid_file, self.marker, timeout)
+        return plumbing.stop_recorded(self.pid_file, self.marker, timeout)
 
     def kill9(self) -> int | None:
         pid = self.pid()
         if pid is not None:
-            _proc.kill_pid(pid)
+            plumbing.kill_pid(pid)
             self.pid_file.unlink(missing_ok=True)
         return pid
 
@@ -185,14 +185,14 @@ def up(timeout: float, daemons: list[SparkDaemon] | None = None) -> list[SparkDa
     """Start the master and every worker, and wait until the master lists them ALIVE."""
     daemons = daemons or cluster()
     master, workers = daemons[0], daemons[1:]
-    with _proc.file_lock(master.home / ".lock"):
+    with plumbing.file_lock(master.home / ".lock"):
         master.start()
-        if not _proc.wait_until(lambda: (master_state(master) or {}).get("status") == "ALIVE", timeout, 0.5):
+        if not plumbing.wait_until(lambda: (master_state(master) or {}).get("status") == "ALIVE", timeout, 0.5):
             raise InfraError(f"the Spark master did not come up in {timeout:.0f}s; see {master.log_path}")
         for worker in workers:
             worker.start()
         wanted = {w.port for w in workers}
-        if not _proc.wait_until(lambda: wanted <= alive_workers(master), timeout, 0.5):
+        if not plumbing.wait_until(lambda: wanted <= alive_workers(master), timeout, 0.5):
             raise InfraError(
                 f"Spark workers {sorted(wanted - alive_workers(master))} did not register in {timeout:.0f}s; "
                 f"see {workers[0].log_path}"
@@ -208,7 +208,7 @@ def down(daemons: list[SparkDaemon] | None = None, home: Path | None = None) -> 
     home = home or runtime_dir() / "spark-cluster"
     stopped = []
     for pid_file in sorted(home.glob("spark-*/spark-*.pid"), reverse=True):  # workers sort after the master
-        if _proc.stop_recorded(pid_file, "org.apache.spark.deploy.", 20.0):
+        if plumbing.stop_recorded(pid_file, "org.apache.spark.deploy.", 20.0):
             stopped.append(pid_file.stem)
         pid_file.unlink(missing_ok=True)
     return stopped
@@ -279,12 +279,12 @@ class ConnectServer(_Daemon):
 
 
     def answers(self) -> bool:
-        return _proc.port_open(self.port)
+        return plumbing.port_open(self.port)
 
     def up(self, timeout: float) -> ConnectServer:
-        with _proc.file_lock(self.home / ".lock"):
+        with plumbing.file_lock(self.home / ".lock"):
             self.start()
-            if not _proc.wait_until(self.answers, timeout, 0.5):
+            if not plumbing.wait_until(self.answers, timeout, 0.5):
                 raise InfraError(f"the Spark Connect server did not answer on {self.port} in {timeout:.0f}s; see {self.log_path}")
         return self
 
