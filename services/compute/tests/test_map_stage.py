@@ -20,7 +20,8 @@ from onceflow_compute import stats
 from onceflow_compute.api import Aggregation, Count, Sum
 from onceflow_compute.engines import PandasEngine
 from onceflow_compute.frames import build_frame
-from onceflow_compute.stages import JobFailed, MapStage
+from onceflow_compute.job_runner import JobFailed
+from onceflow_compute.stages import MapStage
 
 pytestmark = pytest.mark.compute
 

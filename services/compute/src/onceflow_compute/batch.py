@@ -31,12 +31,13 @@ from typing import IO, TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from onceflow_compute import jobs, stats
+from onceflow_compute import jobs
 from onceflow_compute.api import METADATA_COLUMNS, Aggregation, Job, Join, JSONValue, Transform, encode_json
+from onceflow_compute.dataflow.windows import GLOBAL, MAX_TIME, Tumbling
 from onceflow_compute.engines import Engine, SparkEngine
 from onceflow_compute.frames import parse_checked, parse_options
-from onceflow_compute.dataflow.windows import GLOBAL, MAX_TIME, Tumbling
-from onceflow_compute.stages import JobFailed, MapStage, partials_by_key
+from onceflow_compute.job_runner import JobFailed, JobRunner
+from onceflow_compute.stages import partials_by_key
 from onceflow_compute.windowed import firing_changes, windowed_engine
 
 if TYPE_CHECKING:
@@ -203,12 +204,9 @@ def run_table(
     and the rows the job failed on (row index -> reason)."""
     if not table.num_rows:
         return {}, {}
-    # The map hop's own run: the job on the whole table; if it raises, bisection finds the
+    # The map hop's own runner: the job on the whole table; if it raises, bisection finds the
     # records it raises on (at most ``bisect_budget`` engine runs).
-    stage = MapStage(job, engine, "", "", stats.JobCounts(), bisect_budget)
-    outputs, failed = stage._run(table, list(range(table.num_rows)), [bisect_budget])
-    if failed and len(failed) == table.num_rows and len(failed) > 1:
-        raise JobFailed(f"job {job.name} failed on all {len(failed)} records: {next(iter(failed.values()))}")
+    outputs, failed = JobRunner(job, engine, bisect_budget, proven=True).run(table)
     if isinstance(job, Transform):
         return _transform_rows(job, outputs), failed
     if isinstance(job, Join):

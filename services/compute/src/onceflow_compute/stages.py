@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 from collections.abc import Sequence
 
@@ -28,21 +27,14 @@ from onceflow.v1.compute_pb2 import JoinRow, PartialAggregate
 from onceflow.v1.results_pb2 import ResultChange
 
 from onceflow_compute import stats
-from onceflow_compute.api import Aggregation, JSONValue, Join, Job, Transform, encode_json
-from onceflow_compute.engines import BUCKET, KEY, ROW, SIDE, TIME, Engine, EngineStalled, partial_columns
+from onceflow_compute.api import Aggregation, Job, Join, JSONValue, Transform, encode_json
+from onceflow_compute.dataflow.watermarks import WatermarkTracker
+from onceflow_compute.engines import BUCKET, KEY, ROW, SIDE, TIME, Engine, partial_columns
 from onceflow_compute.eventtime import EventTimeGate
 from onceflow_compute.frames import Frame, build_frame
-from onceflow_compute.dataflow.watermarks import WatermarkTracker
+from onceflow_compute.job_runner import JobFailed, JobRunner
 
 log = logging.getLogger(__name__)
-
-
-_IMPORT_ERROR = re.compile(r"\b(ModuleNotFoundError|ImportError)\b")
-
-
-class JobFailed(RuntimeError):
-    """The job failed on every record of a batch: the job (or the engine) is broken, not a
-    record. The loop aborts, backs off and reports the service unhealthy."""
 
 
 def state_key(job: str, key: str) -> bytes:
@@ -71,12 +63,10 @@ class MapStage:
         self.event_time = event_time
         self.watermarks = watermarks or WatermarkTracker(bound_ms=5_000, idle_timeout_ms=30_000)
         self.engine = engine
+        self.runner = JobRunner(job, engine, bisect_budget)
         self._partials_topic = partials_topic
         self._results_topic = results_topic
         self.counts = counts
-        self._bisect_budget = bisect_budget
-        self._last_error = ""
-        self._job_proven = False
 
     def process(self, batch: Batch) -> None:
         frame = build_frame(batch.records, self.job.schema)
@@ -92,15 +82,9 @@ class MapStage:
         if frame.table.num_rows:
             faults.point("before_job")
             started = time.monotonic()
-            outputs, failed = self._run(frame.table, list(range(frame.table.num_rows)), [self._bisect_budget])
+            outputs, failed = self.runner.run(frame.table)
             job_seconds = time.monotonic() - started
             faults.point("after_job")
-            if failed and len(failed) == frame.table.num_rows and (len(failed) > 1 or not self._job_proven):
-                # Everything failed: the job is broken, not the records. A lone record counts as
-                # poison only once the job has worked on something in this process.
-                raise JobFailed(f"job {self.job.name} failed on all {len(failed)} records: {next(iter(failed.values()))}")
-            if len(failed) < frame.table.num_rows:
-                self._job_proven = True
             for index, error in sorted(failed.items()):
                 batch.dead_letter(frame.records[index], f"job {self.job.name} failed on this record: {error}")
             emitted = self._emit(outputs, batch)
@@ -136,44 +120,6 @@ class MapStage:
                 self.watermarks.observe(partition, event_time, at)
 
         batch.after_commit.append(advance)
-
-    def _run(self, table: pa.Table, rows: list[int], budget: list[int]) -> tuple[list[pa.Table], dict[int, str]]:
-        """Run the job; if it raises, bisect to find the records it raises on alone. Each step
-        costs an engine run: past ``budget`` runs the batch fails as a whole (a record is only
-        dead-lettered once it failed alone)."""
-        if budget[0] <= 0:
-            raise JobFailed(
-                f"job {self.job.name} fails on many records; they could not be isolated within "
-                f"{self._bisect_budget} engine runs; last error: {self._last_error}"
-            )
-        budget[0] -= 1
-        try:
-            if isinstance(self.job, Aggregation):
-                return [self.engine.partials(self.job, table)], {}
-            if isinstance(self.job, Join):
-                return [self.engine.join_rows(self.job, table)], {}
-            return [self.engine.transform(self.job, table)], {}
-        except EngineStalled as exc:
-            raise JobFailed(f"job {self.job.name}: {exc}") from exc  # the engine, not a record: no bisection
-        except Exception as exc:  # noqa: BLE001 - the user's job may raise anything
-            self._last_error = _describe(exc)
-            if type(exc).__name__ == "AnalysisException":
-                # Spark refused the plan itself (a missing column, a bad expression): no record
-                # is to blame, so there is nothing to bisect.
-                raise JobFailed(f"job {self.job.name}: Spark cannot plan it: {self._last_error}") from exc
-            if _IMPORT_ERROR.search(self._last_error):
-                # The executors' Python lacks a module: the environment is broken, not a record.
-                raise JobFailed(
-                    f"job {self.job.name}: Spark's Python workers cannot import what it needs: {self._last_error} "
-                    "(on a cluster: does ONCEFLOW_COMPUTE_SPARK_EXECUTOR_PYTHON name a Python with onceflow-compute "
-                    "and the job's dependencies? The job's own package is shipped)"
-                ) from exc
-            if len(rows) == 1:
-                return [], {rows[0]: self._last_error}
-        middle = len(rows) // 2
-        left, left_failed = self._run(table.slice(0, middle), rows[:middle], budget)
-        right, right_failed = self._run(table.slice(middle), rows[middle:], budget)
-        return left + right, left_failed | right_failed
 
     def _emit(self, outputs: list[pa.Table], batch: Batch) -> int:
         job = self.job
@@ -242,14 +188,6 @@ def partials_by_key(job: Aggregation, table: pa.Table) -> list[tuple[str, int, l
             at += aggregate.width
         out.append((key, bucket, partials))
     return out
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc).strip()
-    # Spark's PythonException carries the worker's whole traceback: keep its last line.
-    lines = [line for line in text.splitlines() if line.strip()]
-    summary = lines[-1] if lines else ""
-    return f"{type(exc).__name__}: {summary}"[:1000]
 
 
 class MergeStage:
