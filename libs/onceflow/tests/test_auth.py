@@ -102,3 +102,21 @@ def test_a_real_port_refuses_reads_without_the_read_token_and_the_client_sends_i
             assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
     finally:
         server.stop(0)
+
+
+def test_a_request_that_does_not_parse_is_invalid_argument_not_internal() -> None:
+    server = ServiceServer(service="acker", instance="t", host="127.0.0.1", port=0, controls=_Idle(), tokens=Tokens("", ""))  # type: ignore[arg-type]
+    server.start()
+    try:
+        with channel(server.address) as chan:
+            raw_status = chan.unary_unary("/onceflow.v1.Admin/Status")  # bytes in, bytes out
+            with pytest.raises(grpc.RpcError) as refused:
+                raw_status(b"\x0a\xff\xff\xff\xff", timeout=5)  # field 1, length-delimited, length past the end
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value.details()
+            assert "/onceflow.v1.Admin/Status: the request does not parse" in refused.value.details()
+            # A well-formed request still gets its answer, through the same interceptor.
+            assert admin_pb2_grpc.AdminStub(chan).Status(admin_pb2.StatusRequest(), timeout=5).state == "RUNNING"
+            health = health_pb2_grpc.HealthStub(chan).Check(health_pb2.HealthCheckRequest(), timeout=5)
+            assert health.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        server.stop(0)

@@ -17,6 +17,7 @@ from grpc_reflection.v1alpha import reflection
 
 from onceflow import __version__, faults
 from onceflow.admin.auth import TokenAuthInterceptor, Tokens
+from onceflow.admin.malformed import MalformedRequestInterceptor
 from onceflow.admin.tls import ServerTLS
 from onceflow.v1 import admin_pb2, admin_pb2_grpc
 
@@ -145,7 +146,7 @@ class ServiceServer:
         test_switches = faults.guard_switches(service)
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"{service}-grpc"),
-            interceptors=[TokenAuthInterceptor(tokens)],
+            interceptors=[TokenAuthInterceptor(tokens), MalformedRequestInterceptor()],
             # gRPC's own default: admin and query requests are small. Ingest sizes it to its caps.
             options=[("grpc.max_receive_message_length", max_receive_bytes)],
         )
