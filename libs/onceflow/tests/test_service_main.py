@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from onceflow import service_main
@@ -17,7 +18,7 @@ from onceflow.config import CommonSettings
 class _ToySettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ONCEFLOW_TOY_")
     max_pending: int = 100
-    common: CommonSettings = CommonSettings()
+    common: CommonSettings = Field(default_factory=CommonSettings)
 
 
 def _never_run(_settings: _ToySettings) -> int:
@@ -59,3 +60,17 @@ def test_every_service_binary_answers_help_without_starting(service: str) -> Non
     )
     assert done.returncode == 0, done.stderr
     assert f"usage: onceflow-{service}" in done.stdout and "ONCEFLOW_KAFKA_BOOTSTRAP" in done.stdout
+
+
+def test_print_settings_shows_the_effective_values_with_secrets_masked(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("ONCEFLOW_TOY_MAX_PENDING", "7")
+    monkeypatch.setenv("ONCEFLOW_ADMIN_TOKEN", "hunter2")
+    monkeypatch.setenv("ONCEFLOW_REDIS_URL", "redis://app:s3cret@127.0.0.1:6379/0")
+    assert _main(["--print-settings"]) == 0
+    out = capsys.readouterr().out
+    assert "ONCEFLOW_TOY_MAX_PENDING" in out and " 7\n" in out
+    assert "ONCEFLOW_ADMIN_TOKEN" in out and "(set, hidden)" in out
+    assert "redis://(credentials hidden)@127.0.0.1:6379/0" in out
+    assert "hunter2" not in out and "s3cret" not in out

@@ -1,8 +1,8 @@
 """The command line of every service binary (`onceflow-ingest`, `python -m onceflow_acker`, ...).
 
 A service is configured by its environment only, so its command line is small: ``--help`` lists
-the variables it reads with their defaults, ``--version`` prints the version, and anything else
-is refused rather than ignored (before, ``onceflow-ingest --help`` started the service). Bad
+the variables it reads with their defaults, ``--print-settings`` the values it would run with
+(secrets masked), ``--version`` prints the version, and anything else is refused rather than ignored (before, ``onceflow-ingest --help`` started the service). Bad
 settings end with exit 2 and one line per variable, not a traceback."""
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from onceflow import __version__, logs
 
 EXIT_USAGE = 2
 S = TypeVar("S", bound=BaseSettings)
+# A setting whose name holds one of these is shown as set or not, never by value.
+_SECRET_WORDS = ("token", "password", "secret")
 
 
 def settings_help(settings_class: type[BaseSettings]) -> list[tuple[str, str]]:
@@ -35,6 +37,30 @@ def settings_help(settings_class: type[BaseSettings]) -> list[tuple[str, str]]:
     return rows
 
 
+def effective_settings(settings: BaseSettings) -> list[tuple[str, str]]:
+    """(variable, value) for every setting of a loaded ``settings``, nested groups included;
+    secrets (and URLs, which may embed a password) masked."""
+    rows = []
+    prefix = str(type(settings).model_config.get("env_prefix", ""))
+    for name in type(settings).model_fields:
+        value = getattr(settings, name)
+        if isinstance(value, BaseSettings):
+            rows += effective_settings(value)
+        elif not isinstance(value, BaseModel):
+            rows.append((f"{prefix}{name.upper()}", _shown(name, value)))
+    return rows
+
+
+def _shown(name: str, value: object) -> str:
+    text = "" if value is None else str(value)
+    if any(word in name.lower() for word in _SECRET_WORDS):
+        return "(set, hidden)" if text else ""
+    if "://" in text and "@" in text:  # redis://user:password@host
+        scheme, rest = text.split("://", 1)
+        return f"{scheme}://(credentials hidden)@{rest.rsplit('@', 1)[1]}"
+    return text
+
+
 def _settings_classes(settings_class: type[BaseSettings]) -> list[type[BaseSettings]]:
     nested = [f.annotation for f in settings_class.model_fields.values() if isinstance(f.annotation, type)]
     return [settings_class, *(cls for cls in nested if issubclass(cls, BaseSettings))]
@@ -43,7 +69,7 @@ def _settings_classes(settings_class: type[BaseSettings]) -> list[type[BaseSetti
 def _usage(binary: str, description: str, settings_class: type[BaseSettings]) -> str:
     rows = settings_help(settings_class)
     width = max(len(variable) for variable, _ in rows)
-    lines = [f"usage: {binary} [--help] [--version]", "", description, "", "Configured by the environment (default in brackets):"]
+    lines = [f"usage: {binary} [--help] [--print-settings] [--version]", "", description, "", "Configured by the environment (default in brackets):"]
     lines += [f"  {variable.ljust(width)}  [{default}]" for variable, default in rows]
     return "\n".join(lines)
 
@@ -59,7 +85,8 @@ def main(
     if args == ["--version"]:
         print(f"{binary} {__version__}")
         sys.exit(0)
-    if args:
+    printing = args == ["--print-settings"]
+    if args and not printing:
         print(f"{binary}: unexpected argument(s) {' '.join(args)}; it is configured by ONCEFLOW_* environment "
               "variables (--help lists them)", file=sys.stderr)
         sys.exit(EXIT_USAGE)
@@ -74,5 +101,10 @@ def main(
             variable = prefix + "_".join(str(part) for part in error["loc"]).upper()
             print(f"  {variable}={error.get('input')!r}: {error['msg']}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
+    if printing:
+        rows = effective_settings(settings)
+        width = max(len(variable) for variable, _ in rows)
+        print("\n".join(f"{variable.ljust(width)}  {value}" for variable, value in rows))
+        sys.exit(0)
     logs.setup(service, getattr(settings, "instance", ""), settings.common.log_level)  # type: ignore[attr-defined]
     sys.exit(run(settings))
