@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from onceflow.client import IngestClient, RetryPolicy
@@ -296,7 +296,7 @@ def _parsed(raw: bytes) -> IngestRecord:
 @pytest.mark.security
 def test_ingest_validation_fuzzed_answers_ok_or_invalid_argument_and_never_crashes(pipeline: Pipeline) -> None:
     """Hypothesis over whole requests of arbitrary records (field values, and raw bytes that
-    parse as a record): every call is OK or INVALID_ARGUMENT, never INTERNAL or UNKNOWN, and
+    parse as a record), then over arbitrary request bytes: every call is OK or INVALID_ARGUMENT, never INTERNAL or UNKNOWN, and
     the service stays up. What was accepted is exactly what was committed."""
     proc, address = _ingest(pipeline, ONCEFLOW_INGEST_MAX_PAYLOAD_BYTES="1000", ONCEFLOW_INGEST_MAX_REQUEST_RECORDS="5")
     stub = ingest_pb2_grpc.IngestStub(grpc.insecure_channel(address))
@@ -320,7 +320,30 @@ def test_ingest_validation_fuzzed_answers_ok_or_invalid_argument_and_never_crash
         assert reply.accepted == len(records)
         accepted.extend(record.record_id.decode() for record in records)
 
+    # Whole requests as arbitrary bytes, most of which do not parse at all: INVALID_ARGUMENT
+    # naming the method (the servers' parse interceptor), never grpcio's INTERNAL.
+    raw_ingest = grpc.insecure_channel(address).unary_unary("/onceflow.v1.Ingest/Ingest")
+
+    @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.binary(max_size=600))
+    def raw_call(raw: bytes) -> None:
+        try:
+            request = ingest_pb2.IngestRequest.FromString(raw)
+        except Exception:  # noqa: BLE001 - does not parse: the server must say so
+            request = None
+        assume(request is None or request.wait == ingest_pb2.WAIT_FOR_COMMITTED)  # no acker runs here
+        try:
+            raw_ingest(raw, timeout=30)
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT, (exc.code(), exc.details(), raw)
+            if request is None:
+                assert "/onceflow.v1.Ingest/Ingest: the request does not parse" in exc.details(), exc.details()
+            return
+        assert request is not None, raw
+        accepted.extend(record.record_id.decode() for record in request.records)
+
     call()
+    raw_call()
     assert proc.alive(), proc.log_tail()
     assert accepted, "no example was valid: the fuzz never reached the commit path"
     committed = sorted(checker.record_id_of_bytes(r.value) for r in _committed(pipeline))
