@@ -1,5 +1,5 @@
-"""The secure path, really exercised: `onceflow infra up --secure` starts a broker whose only
-client listener is SASL_SSL (SCRAM-SHA-512) and a Redis that speaks only TLS with the default
+"""The secure path, really exercised: `onceflow infra up --secure` starts a broker whose client
+listeners are SASL_SSL (SCRAM-SHA-512) and mutual TLS, and a Redis that speaks only TLS with the default
 user off, on a home and ports of their own. Clients without the credentials are refused by
 both; the whole pipeline, given the settings `infra up` prints, runs a verify campaign exactly
 once through kill -9s."""
@@ -18,7 +18,9 @@ import redis
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from onceflow.config import repo_root
+from onceflow.config import CommonSettings, repo_root
+from onceflow.kafka import clients
+from onceflow.topology import Topic
 from onceflow_tools.process import free_port
 
 pytestmark = [pytest.mark.security, pytest.mark.integration, pytest.mark.xdist_group("secure_stack")]
@@ -28,6 +30,7 @@ pytestmark = [pytest.mark.security, pytest.mark.integration, pytest.mark.xdist_g
 class SecureStack:
     env: dict[str, str]  # ONCEFLOW_HOME, the ports and ONCEFLOW_SECURE: what the CLI needs
     client: dict[str, str]  # the settings `infra up --secure` printed
+    mtls: dict[str, str]  # the mutual-TLS alternative it printed for Kafka
     kafka_port: int
     redis_port: int
 
@@ -44,9 +47,10 @@ def _onceflow(env: dict[str, str], *args: str, timeout: float = 600) -> subproce
 @pytest.fixture(scope="module")
 def secure_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureStack]:
     home = tmp_path_factory.mktemp("secure-home")
-    kafka_port, controller_port, redis_port = free_port(), free_port(), free_port()
+    kafka_port, controller_port, redis_port, mtls_port = free_port(), free_port(), free_port(), free_port()
     env = {
         "ONCEFLOW_HOME": str(home), "ONCEFLOW_KAFKA_BOOTSTRAP": f"127.0.0.1:{kafka_port}",
+        "ONCEFLOW_KAFKA_MTLS_PORT": str(mtls_port),
         "ONCEFLOW_KAFKA_CONTROLLER_PORT": str(controller_port), "ONCEFLOW_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
     }
     up = _onceflow(env, "infra", "up", "--secure", timeout=300)
@@ -56,7 +60,9 @@ def secure_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureSta
             line.removeprefix("export ").split("=", 1) for line in up.stdout.splitlines() if line.startswith("export ")
         )
         assert client["ONCEFLOW_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL", up.stdout
-        yield SecureStack({**env, "ONCEFLOW_SECURE": "1"}, client, kafka_port, redis_port)
+        mtls = dict(line.removeprefix("#   ").split("=", 1) for line in up.stdout.splitlines() if line.startswith("#   "))
+        assert mtls["ONCEFLOW_KAFKA_BOOTSTRAP"] == f"127.0.0.1:{mtls_port}", up.stdout
+        yield SecureStack({**env, "ONCEFLOW_SECURE": "1"}, client, mtls, kafka_port, redis_port)
     finally:
         _onceflow({**env, "ONCEFLOW_SECURE": "1"}, "infra", "down", timeout=120)
 
@@ -82,6 +88,24 @@ def test_kafka_refuses_clients_without_credentials(secure_stack: SecureStack) ->
     assert not _kafka_answers({"bootstrap.servers": bootstrap})  # plaintext
     assert not _kafka_answers({**sasl_ssl, "sasl.password": "not-the-password"})
     assert not _kafka_answers({**sasl_ssl, "sasl.password": password, "ssl.ca.location": str(Path(__file__))})  # an unknown CA
+
+
+def test_kafka_mutual_tls_takes_a_certificate_the_ca_signed_and_nothing_less(secure_stack: SecureStack) -> None:
+    """The second listener: TLS with a client certificate, no SCRAM user. onceflow's own
+    settings (ONCEFLOW_KAFKA_SECURITY_PROTOCOL=SSL and the certificate files) reach it."""
+    mtls = secure_stack.mtls
+    common = CommonSettings(
+        kafka_bootstrap=mtls["ONCEFLOW_KAFKA_BOOTSTRAP"], kafka_security_protocol="SSL",
+        kafka_ssl_ca_file=mtls["ONCEFLOW_KAFKA_SSL_CA_FILE"], kafka_ssl_cert_file=mtls["ONCEFLOW_KAFKA_SSL_CERT_FILE"],
+        kafka_ssl_key_file=mtls["ONCEFLOW_KAFKA_SSL_KEY_FILE"],
+    )
+    with_certificate = {"bootstrap.servers": common.kafka_bootstrap, **common.kafka_client_config()}
+    assert _kafka_answers(with_certificate)  # the control
+    topics = clients.admin(common).list_topics(timeout=10).topics
+    assert str(Topic.INGEST_RECORDS) in topics, sorted(topics)  # what `infra up` created, read over mTLS
+    tls_only = {k: v for k, v in with_certificate.items() if k not in ("ssl.certificate.location", "ssl.key.location")}
+    assert not _kafka_answers(tls_only)  # TLS, but no client certificate
+    assert not _kafka_answers({"bootstrap.servers": common.kafka_bootstrap})  # plaintext
 
 
 def test_redis_refuses_clients_without_tls_or_the_password(secure_stack: SecureStack) -> None:

@@ -142,6 +142,9 @@ def up(
         out.print("services and the CLI reach the secure stack with:", highlight=False)
         for name, value in secure_stack.apply_client_env().items():
             out.print(f"export {name}={value}", highlight=False, soft_wrap=True)
+        out.print("or, for Kafka, mutual TLS (a client certificate, no SCRAM user):", highlight=False)
+        for name, value in secure_stack.mtls_client_env().items():
+            out.print(f"#   {name}={value}", highlight=False, soft_wrap=True)
     raise typer.Exit(0 if healthy else 1)
 
 

@@ -70,8 +70,10 @@ class KafkaBroker:
     # A cluster's static quorum, "1@host:port,2@host:port,..." ('' = one standalone node).
     voters: str = ""
     libs_home: Path | None = None
-    # SASL_SSL (SCRAM) listener, TLS certificate and password from onceflow_tools.infra.secure.
+    # SASL_SSL (SCRAM) listener, and a mutual-TLS one on ``mtls_port``; certificates and
+    # password from onceflow_tools.infra.secure.
     secure: bool = False
+    mtls_port: int = 0
 
     @classmethod
     def from_env(cls, secure: bool | None = None) -> KafkaBroker:
@@ -79,9 +81,10 @@ class KafkaBroker:
         in a home of its own (its SCRAM user is written when its storage is formatted)."""
         s = InfraSettings()
         if s.secure if secure is None else secure:
+            port = kafka_port(s)
             return cls(
-                port=kafka_port(s), controller_port=s.kafka_controller_port, home=runtime_dir() / "kafka-secure",
-                libs_home=runtime_dir() / "kafka", secure=True,
+                port=port, controller_port=s.kafka_controller_port, home=runtime_dir() / "kafka-secure",
+                libs_home=runtime_dir() / "kafka", secure=True, mtls_port=s.kafka_mtls_port or port + 2,
             )
         return cls(port=kafka_port(s), controller_port=s.kafka_controller_port, home=runtime_dir() / "kafka")
 
@@ -202,6 +205,8 @@ class KafkaBroker:
                 "node_id": self.node_id, "quorum": quorum, "replicas": min(3, replicas),
                 "min_isr": max(1, min(2, replicas - 1)),
                 "listener": "SASL_SSL" if self.secure else "PLAINTEXT", "security": self._security_props(),
+                "mtls_listener": f",SSL://127.0.0.1:{self.mtls_port}" if self.secure else "",
+                "mtls_protocol": ",SSL:SSL" if self.secure else "",
             },
         )
 
@@ -224,6 +229,8 @@ class KafkaBroker:
             f"ssl.keystore.location={m.server_keystore}",
             "ssl.truststore.type=PEM",
             f"ssl.truststore.location={m.ca}",
+            "# The mutual-TLS listener: a client certificate the CA signed, or no connection.",
+            "listener.name.ssl.ssl.client.auth=required",
         ])
 
     @property

@@ -26,7 +26,8 @@ CERT_DAYS = 365
 
 @dataclass(frozen=True)
 class Material:
-    """The CA, the servers' certificate (for 127.0.0.1 and localhost) and the two passwords."""
+    """The CA, the servers' certificate (for 127.0.0.1 and localhost), a client certificate
+    (mutual TLS) and the two passwords."""
 
     dir: Path
 
@@ -46,6 +47,15 @@ class Material:
     def server_keystore(self) -> Path:
         """Key and certificate in one PEM file: Kafka's ``ssl.keystore.type=PEM``."""
         return self.dir / "server-keystore.pem"
+
+    @property
+    def client_cert(self) -> Path:
+        """A client certificate for the broker's mutual-TLS listener."""
+        return self.dir / "client.pem"
+
+    @property
+    def client_key(self) -> Path:
+        return self.dir / "client.key"
 
     @property
     def kafka_password_file(self) -> Path:
@@ -72,6 +82,10 @@ class Material:
                 leaf = ca.issue("server", "serverAuth,clientAuth", days=CERT_DAYS)
                 assert leaf.cert == self.server_cert and leaf.key == self.server_key
                 self.server_keystore.write_text(self.server_key.read_text() + self.server_cert.read_text())
+            if not self.client_cert.exists():  # also for a home made before mutual TLS was added
+                ca = CertAuthority(self.dir, self.ca, self.dir / "ca.key")
+                client = ca.issue("client", "clientAuth", days=CERT_DAYS)
+                assert client.cert == self.client_cert and client.key == self.client_key
             for path in (self.kafka_password_file, self.redis_password_file):
                 if not path.exists():
                     path.write_text(secrets.token_hex(16) + "\n")  # hex: safe in JAAS and ACL syntax
@@ -102,6 +116,20 @@ def client_env(kafka_bootstrap: str, redis_port: int, home: Path | None = None) 
         "ONCEFLOW_REDIS_URL": f"rediss://{USER}@127.0.0.1:{redis_port}/0",
         "ONCEFLOW_REDIS_PASSWORD_FILE": str(m.redis_password_file),
         "ONCEFLOW_REDIS_SSL_CA_FILE": str(m.ca),
+    }
+
+
+def mtls_client_env(home: Path | None = None) -> dict[str, str]:
+    """The Kafka settings of a client of the mutual-TLS listener instead (no SCRAM user)."""
+    from onceflow_tools.infra.kafka import KafkaBroker
+
+    m = material(home)
+    return {
+        "ONCEFLOW_KAFKA_BOOTSTRAP": f"127.0.0.1:{KafkaBroker.from_env(secure=True).mtls_port}",
+        "ONCEFLOW_KAFKA_SECURITY_PROTOCOL": "SSL",
+        "ONCEFLOW_KAFKA_SSL_CA_FILE": str(m.ca),
+        "ONCEFLOW_KAFKA_SSL_CERT_FILE": str(m.client_cert),
+        "ONCEFLOW_KAFKA_SSL_KEY_FILE": str(m.client_key),
     }
 
 

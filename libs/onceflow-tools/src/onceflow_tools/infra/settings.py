@@ -28,6 +28,9 @@ class InfraSettings(BaseSettings):
 
     kafka_port: int | None = None
     kafka_controller_port: int = DEFAULT_KAFKA_CONTROLLER_PORT
+    # Secure mode's second client listener: mutual TLS (SSL with a client certificate the CA
+    # signed). 0: the SASL_SSL listener's port + 2.
+    kafka_mtls_port: int = 0
     # 1: one broker (the default: demo and most tests). 3: a KRaft cluster of three combined
     # broker+controller nodes (`onceflow infra up --brokers 3`), topics with 3 replicas, 2 in sync.
     kafka_brokers: int = 1
