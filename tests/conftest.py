@@ -41,6 +41,11 @@ def _isolate_xdist_worker() -> None:
     })
 
 
+# The campaigns that each run a whole pipeline with Spark (the cluster campaign, the short
+# verify campaign, the Nexmark kill -9 test) run one after another on one xdist worker: two at
+# once on two cores ran each past its time limit (CI, 2026-11-25).
+CAMPAIGNS = pytest.mark.xdist_group("campaigns")
+
 _isolate_xdist_worker()
 from onceflow_tools.infra import stack  # noqa: E402 - after the worker's stack is chosen
 from onceflow_tools.infra.kafka import KafkaBroker  # noqa: E402

@@ -30,7 +30,7 @@ from onceflow.codec import encode_envelope, new_id, now_ms
 from onceflow.topology import Topic
 from onceflow.v1.envelope_pb2 import DeadLetter, Envelope
 from onceflow_tools.workloads import nexmark
-from tests.conftest import Pipeline
+from tests.conftest import CAMPAIGNS, Pipeline
 from tests.harness import checker
 from tests.nexmark_answers import ANSWERS
 from tests.test_compute import wait_consumed, worker
@@ -159,7 +159,15 @@ def test_the_groups_hold_every_query() -> None:
 
 
 @pytest.mark.fault
-@pytest.mark.parametrize("group", sorted(GROUPS))
+@CAMPAIGNS
+@pytest.mark.parametrize(
+    "group",
+    [
+        "aggregations_and_windowed_join",
+        # Eight more Spark workers for stateless queries and the incremental join: make test-extended.
+        pytest.param("stateless_and_incremental_join", marks=pytest.mark.extended),
+    ],
+)
 def test_nexmark_queries_stay_exact_through_kill9s_and_a_rebalance(pipeline: Pipeline, group: str) -> None:
     queries = GROUPS[group]
     events = list(stream())
@@ -203,7 +211,9 @@ def test_nexmark_queries_stay_exact_through_kill9s_and_a_rebalance(pipeline: Pip
     for q in queries:
         workers[q]["b"].wait_log("compute: assigned", 180)
     with ThreadPoolExecutor() as pool:
-        codes = list(pool.map(lambda q: workers[q]["b"].terminate(), queries))
+        # A graceful stop finishes the batch in hand, a Spark job among eight workers' JVMs on
+        # two cores: 30 s was once too little (CI, 2026-11-25).
+        codes = list(pool.map(lambda q: workers[q]["b"].terminate(90), queries))
     assert codes == [0] * len(queries), [workers[q]["b"].log_tail() for q in queries]
     produce(pipeline, tail, 1, 0.0)
     for q in queries:

@@ -16,10 +16,11 @@ import pytest
 
 from onceflow.config import repo_root
 from onceflow_tools.process import free_port
-from tests.conftest import SHORT_LIVED_COMPUTE
+from tests.conftest import CAMPAIGNS, SHORT_LIVED_COMPUTE
 
-# One worker takes the whole module: its cluster fixture is started once.
-pytestmark = [pytest.mark.cluster, pytest.mark.integration, pytest.mark.fault, pytest.mark.xdist_group("cluster")]
+# One worker takes the whole module (its cluster fixture is started once), in turn with the
+# other whole-pipeline campaigns.
+pytestmark = [pytest.mark.cluster, pytest.mark.integration, pytest.mark.fault, CAMPAIGNS]
 
 
 def onceflow(env: dict[str, str], *args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:

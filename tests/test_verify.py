@@ -13,7 +13,7 @@ import pytest
 
 from onceflow.config import repo_root
 from onceflow_tools.verify.schedule import available_kinds
-from tests.conftest import SHORT_LIVED_COMPUTE
+from tests.conftest import CAMPAIGNS, SHORT_LIVED_COMPUTE
 
 pytestmark = [pytest.mark.verify, pytest.mark.integration, pytest.mark.fault]
 
@@ -29,6 +29,8 @@ def verify(*args: str, timeout_s: float) -> tuple[int, dict]:
 
 
 @pytest.mark.redis
+@CAMPAIGNS
+@pytest.mark.timeout(900)  # the campaign's own limit (below): on a loaded machine it outlasted 600 s
 def test_a_short_campaign_with_every_fault_kind_holds_exactly_once(infra: None) -> None:
     """Every kind, the three Redis faults among them, each followed by late re-sends of records
     from before it; judged on the drained pipeline."""
