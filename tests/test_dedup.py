@@ -22,13 +22,13 @@ from onceflow.codec import decode_envelope
 from onceflow.kafka.inspect import consumed_everything
 from onceflow.redis_client import connect
 from onceflow.topology import Topic
-from onceflow.txn.errors import EXIT_FENCED, EXIT_RESTART
+from onceflow.txn.errors import EXIT_FENCED
 from onceflow.v1 import dedup_pb2, dedup_pb2_grpc
 from onceflow.v1.acker_pb2 import RecordRef, TreeEvent
 from onceflow.v1.envelope_pb2 import DeadLetter
 from tests.conftest import Pipeline, eventually, free_port
 from tests.harness import checker
-from tests.harness.process import ServiceProcess
+from tests.harness.process import RestartOnRequest, ServiceProcess
 from tests.harness.workload import Item, ingest_records, items
 
 from onceflow_dedup import store as exact
@@ -50,9 +50,7 @@ class Deployment:
             "acker", "onceflow_acker", ONCEFLOW_ACKER_PORT=str(free_port()), ONCEFLOW_ACKER_METRICS_PORT="0",
         )
         self.gates: list[tuple[ServiceProcess, str]] = []
-        self.restarts: list[str] = []  # services restarted after exiting with EXIT_RESTART
-        self._stopping = threading.Event()
-        self._supervisor = threading.Thread(target=self._supervise, name="supervisor", daemon=True)
+        self._supervisor = RestartOnRequest(lambda: (self.ingest, self.acker, *(g for g, _ in self.gates)))
 
     def gate(self, instance: str, **env: str) -> tuple[ServiceProcess, str]:
         port = free_port()
@@ -73,19 +71,12 @@ class Deployment:
         self._supervisor.start()
         return gate, address
 
-    def _supervise(self) -> None:
-        """What a deployment's supervisor does: a service that exits asking for a restart (exit 4:
-        a producer call hung past its timeout, a consumer dropped from its group, typically
-        around a broker restart) is started again. Any other exit is left for the test to see."""
-        while not self._stopping.wait(0.5):
-            for proc in (self.ingest, self.acker, *(g for g, _ in self.gates)):
-                if proc.proc is not None and proc.proc.poll() == EXIT_RESTART:
-                    self.restarts.append(proc.name)
-                    proc.start()
+    @property
+    def restarts(self) -> list[str]:
+        return self._supervisor.restarts
 
     def stop(self) -> None:
-        self._stopping.set()
-        self._supervisor.join(10)
+        self._supervisor.stop()
         for proc in (self.ingest, self.acker, *(g for g, _ in self.gates)):
             if proc.alive():
                 assert proc.terminate() == 0, proc.log_tail()

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NoReturn, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
@@ -97,16 +97,20 @@ class CallWatchdog:
                 continue
             self._spent_s += step
             if self._spent_s > self._limit_s:
-                log.critical(
-                    "%s: a Kafka producer call (%s) is stuck past its timeout; exiting %d for a restart",
-                    self._name, self._what, self._exit_code,
-                )
-                logging.shutdown()
-                os._exit(self._exit_code)
+                self.give_up(f"a Kafka producer call ({self._what}) is stuck past its timeout")
+
+    def give_up(self, why: str) -> NoReturn:
+        """Exit for a restart, now: from the watchdog's thread, or from a caller that saw the
+        producer will not recover in this process."""
+        log.critical("%s: %s; exiting %d for a restart", self._name, why, self._exit_code)
+        logging.shutdown()
+        os._exit(self._exit_code)
 
 
-# How long a timed-out abort is resumed before the producer is replaced (a broker restart).
-_ABORT_RESUME_S = 180.0
+# How long a timed-out abort is resumed before the process gives up and exits for a restart.
+# Three resumes: a broker restart is over in well under a minute, and an abort still hanging
+# after that is a client that will not recover (CI: resumed for 180 s, broker back after 18 s).
+_ABORT_RESUME_S = 90.0
 
 
 class TransactionalProducer:
@@ -223,11 +227,14 @@ class TransactionalProducer:
         self._producer.poll(0)  # serve delivery reports now: they carry offsets callers track
 
     def abort(self) -> None:
-        """Abort; if even that cannot be decided, recreate the producer (which aborts for us).
+        """Abort; if that fails outright, recreate the producer (which aborts for us).
         A timed-out abort is resumed (librdkafka: "retry call to resume") for up to
-        _ABORT_RESUME_S while the broker is away, rather than recreated at once: replacing a
-        producer whose abort was still in flight aborted a whole service with a librdkafka 2.16
-        assertion (rd_kafka_enq_once_del_source_return), seen three times across a broker restart."""
+        _ABORT_RESUME_S while the broker is away. It is never replaced while still in flight:
+        that aborted a whole service with a librdkafka 2.16 assertion
+        (rd_kafka_enq_once_del_source_return), three times across a broker restart. One that
+        outlasts the resumes is a client stuck on a coordinator it will not find again
+        (librdkafka #5511): the process exits for a restart, a crash the protocol is proven
+        against, and the next instance's init_transactions settles the transaction."""
         deadline = time.monotonic() + _ABORT_RESUME_S
         while True:
             try:
@@ -236,9 +243,11 @@ class TransactionalProducer:
             except (IndefiniteOutcome, KafkaException) as exc:
                 err = kafka_error(exc) if isinstance(exc, KafkaException) else None
                 timed_out = err is not None and err.code() == KafkaError._TIMED_OUT or "retry call to resume" in str(exc)
-                if timed_out and time.monotonic() < deadline and not self._stop.is_set():
-                    log.warning("abort timed out (%s); resuming it", exc)
-                    continue
+                if timed_out and not self._stop.is_set():
+                    if time.monotonic() < deadline:
+                        log.warning("abort timed out (%s); resuming it", exc)
+                        continue
+                    self._watchdog.give_up(f"abort_transaction still unanswered after {_ABORT_RESUME_S:.0f} s ({exc})")
                 log.warning("abort failed (%s); recreating the producer", exc)
                 self.recreate()
                 return
