@@ -85,7 +85,7 @@ def _tag_xdist_groups(items: list[pytest.Item]) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     items.sort(key=_weight)  # stable: file order within a rank
-    if config.getvalue("loadgroup"):  # an xdist worker under --dist loadgroup
+    if getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup
         _tag_xdist_groups(items)
 
 
