@@ -270,6 +270,78 @@ def test_open_streams_past_the_call_limit_are_refused_and_health_and_admin_still
     assert proc.terminate() == 0, proc.log_tail()
 
 
+@pytest.mark.security
+def test_slow_processed_waits_past_the_call_limit_leave_health_and_admin_answering_within_a_second(pipeline: Pipeline) -> None:
+    """No acker runs here, so every wait=PROCESSED call waits for a tree nobody completes: the
+    slowest call a client can make. Twice the call limit of them at once: those past the limit
+    are refused at once, and health and Admin answer within a second all along."""
+    limit = 4
+    proc, address = _ingest(
+        pipeline, ONCEFLOW_INGEST_ACKING="true", ONCEFLOW_INGEST_MAX_CONCURRENT_CALLS=str(limit),
+        ONCEFLOW_INGEST_PROCESSED_WAIT_S="15",
+    )
+    channel = grpc.insecure_channel(address)
+    stub = ingest_pb2_grpc.IngestStub(channel)
+    calls = [
+        stub.Ingest.future(
+            ingest_pb2.IngestRequest(records=[IngestRecord(record_id=f"slow{i}".encode())], wait=ingest_pb2.WAIT_FOR_PROCESSED),
+            timeout=60,
+        )
+        for i in range(2 * limit)
+    ]
+    refused = lambda: [c for c in calls if c.done() and c.code() == grpc.StatusCode.RESOURCE_EXHAUSTED]  # noqa: E731
+    eventually(lambda: len(refused()) == limit, 30, f"{limit} calls past the limit refused")
+    assert all("calls already in progress, the limit" in c.details() for c in refused())
+    health, admin = health_pb2_grpc.HealthStub(channel), admin_pb2_grpc.AdminStub(channel)
+    for _ in range(5):
+        assert health.Check(health_pb2.HealthCheckRequest(), timeout=1).status == health_pb2.HealthCheckResponse.SERVING
+        assert admin.Status(admin_pb2.StatusRequest(), timeout=1).state == "RUNNING"
+        time.sleep(0.5)
+    held = [c for c in calls if c not in refused()]
+    assert not any(c.done() for c in held)  # still waiting for their trees
+    eventually(lambda: all(c.done() for c in held), 40, "the held calls to reach ingest's processed wait")
+    assert {c.code() for c in held} == {grpc.StatusCode.DEADLINE_EXCEEDED}
+    assert all("committed (commit" in c.details() for c in held)
+    assert sorted(checker.record_id(r) for r in _committed(pipeline)) == sorted(
+        f"slow{i}" for i, c in enumerate(calls) if c in held
+    )
+    channel.close()
+    assert proc.terminate() == 0, proc.log_tail()
+
+
+@pytest.mark.security
+def test_a_megabyte_header_among_other_clients_records_is_refused_alone(pipeline: Pipeline) -> None:
+    """Eight clients send at once, so their records share group commits; one record carries a
+    1 MB header (past Kafka's message limit, were it produced). Only that call is refused,
+    naming the header; every other record commits."""
+    proc, address = _ingest(pipeline)
+    channel = grpc.insecure_channel(address)
+    stub = ingest_pb2_grpc.IngestStub(channel)
+    start = threading.Barrier(9)
+    accepted: list[int] = []
+
+    def client(n: int) -> None:
+        start.wait()
+        for batch in range(5):
+            records = [IngestRecord(record_id=f"c{n}-{batch}-{i}".encode(), payload=b"p") for i in range(20)]
+            accepted.append(stub.Ingest(ingest_pb2.IngestRequest(records=records), timeout=30).accepted)
+
+    threads = [threading.Thread(target=client, args=(n,), daemon=True) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    start.wait()
+    huge = IngestRecord(record_id=b"huge-header", payload=b"p", headers={"trace": "v" * 1_000_000})
+    _expect(grpc.StatusCode.INVALID_ARGUMENT, "records[0].headers['trace']: 1000000 bytes", stub.Ingest,
+            ingest_pb2.IngestRequest(records=[huge]))
+    for thread in threads:
+        thread.join(60)
+    assert accepted == [20] * 40
+    ids = [checker.record_id(r) for r in _committed(pipeline)]
+    assert len(ids) == len(set(ids)) == 800 and "huge-header" not in ids
+    channel.close()
+    assert proc.terminate() == 0, proc.log_tail()
+
+
 _RECORD_FIELDS = st.fixed_dictionaries(
     {},
     optional={

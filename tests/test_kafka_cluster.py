@@ -13,6 +13,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
+from confluent_kafka.admin import AdminClient
 
 from onceflow.config import repo_root
 from onceflow_tools.process import free_port
@@ -114,3 +115,26 @@ def test_a_broken_build_fails_verification_on_the_cluster(cluster_env: dict[str,
     assert verdict["faults_injected"].get("leader-kill9", 0) >= 1, verdict["faults_injected"]
     assert code == 1 and not verdict["ok"], verdict
     assert not verdict["sink_matches_batch"], verdict
+
+
+def test_a_topic_with_fewer_replicas_than_declared_is_an_error_not_accepted(cluster_env: dict[str, str]) -> None:
+    """One topic made by hand with 1 replica where topics.toml declares 3 on this cluster:
+    `infra topics` refuses it, naming the topic and both counts, and creates nothing."""
+    from confluent_kafka.admin import NewTopic
+
+    from onceflow.kafka.clients import plain_config
+    from onceflow_tools.infra.topics import load_specs
+
+    bootstrap, prefix = cluster_env["ONCEFLOW_KAFKA_BOOTSTRAP"], "short-replicas."
+    spec = load_specs()[0]
+    admin = AdminClient(plain_config(bootstrap))
+    admin.create_topics([NewTopic(prefix + spec.name, num_partitions=spec.partitions, replication_factor=1)])[
+        prefix + spec.name
+    ].result(30)
+    done = onceflow(cluster_env, "infra", "topics", "--prefix", prefix, "--bootstrap", bootstrap, timeout_s=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    message = " ".join(done.stderr.split())
+    assert f"{prefix}{spec.name} has 1 replica(s), declared 3" in message, message
+    existing = set(admin.list_topics(timeout=30).topics)
+    assert {t for t in existing if t.startswith(prefix)} == {prefix + spec.name}  # nothing else created
+    admin.delete_topics([prefix + spec.name])

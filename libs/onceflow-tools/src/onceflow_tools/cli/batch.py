@@ -46,7 +46,7 @@ def batch(
         ),
     ] = None,
     spark_master: Annotated[
-        str, typer.Option("--spark-master", envvar="ONCEFLOW_COMPUTE_SPARK_MASTER", help="Spark master URL.")
+        str, typer.Option("--spark-master", "--master", envvar="ONCEFLOW_COMPUTE_SPARK_MASTER", help="Spark master URL.")
     ] = "local[*]",
     limit: Annotated[int, typer.Option(help="Rows to show when there is no --output.")] = 20,
 ) -> None:

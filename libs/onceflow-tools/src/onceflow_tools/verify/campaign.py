@@ -16,6 +16,7 @@ import re
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -246,6 +247,11 @@ def _campaign(
         supervisor, options.faults, options.fault_every_s, options.seed, takeover_s=SESSION_TIMEOUT_MS / 1000 + 2,
         on_fault=after_fault,
     )
+    # The reference answer depends on the workload alone: Spark computes it while the clients
+    # send, instead of after them (a Spark start and job, 30-60 s on a busy 2-core machine).
+    reference = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-answer")
+    batch_answer = reference.submit(_batch_answer, load, note)
+    reference.shutdown(wait=False)
     progress.phase = "sending, with faults"
     senders.start()
     schedule.start()
@@ -275,7 +281,7 @@ def _campaign(
 
     progress.phase = "computing the batch answer (Spark)"
     on_progress(progress)
-    batch_rows = _batch_answer(load, note)
+    batch_rows = batch_answer.result()
     if batch_rows != load.fold_answer():
         raise RuntimeError("Spark's batch answer differs from a plain fold of the records")
 

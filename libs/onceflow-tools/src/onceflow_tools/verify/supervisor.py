@@ -63,11 +63,17 @@ class Supervisor:
         return process
 
     def start_all(self, timeout_s: float = 180.0) -> None:
+        # All at once, then wait for each: the services meet only through Kafka, so none needs
+        # another up to start, and their starts (Spark's above all) overlap.
+        ports: set[int] = set()
         for name in SERVICES:
-            address = f"127.0.0.1:{free_port()}"
-            process = self._new(name, address).start()
-            process.wait_healthy(address, timeout_s)
-            self.instances[name] = Instance(process, address)
+            while (port := free_port()) in ports:  # none is bound yet: the OS may offer one twice
+                pass
+            ports.add(port)
+            address = f"127.0.0.1:{port}"
+            self.instances[name] = Instance(self._new(name, address).start(), address)
+        for instance in self.instances.values():
+            instance.process.wait_healthy(instance.address, timeout_s)
 
     def address(self, name: str) -> str:
         return self.instances[name].address

@@ -51,6 +51,8 @@ class AdminControls(Protocol):
 # Server threads kept free of data-plane calls, so health checks and Admin calls are answered
 # however many slow calls (wait=PROCESSED, idle streams, big scans) are open.
 RESERVED_FOR_ADMIN = 8
+# In-flight calls a server holds per thread (running or queued) before refusing new ones.
+MAX_QUEUED_PER_THREAD = 4
 
 
 class CallSlots:
@@ -147,6 +149,9 @@ class ServiceServer:
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"{service}-grpc"),
             interceptors=[TokenAuthInterceptor(tokens), MalformedRequestInterceptor()],
+            # Calls waiting for a thread are held in memory: past this many in flight, grpcio
+            # refuses new ones with RESOURCE_EXHAUSTED instead of queueing without bound.
+            maximum_concurrent_rpcs=max_workers * MAX_QUEUED_PER_THREAD,
             # gRPC's own default: admin and query requests are small. Ingest sizes it to its caps.
             options=[("grpc.max_receive_message_length", max_receive_bytes)],
         )
