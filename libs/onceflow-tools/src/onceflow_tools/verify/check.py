@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -206,15 +207,26 @@ def check(
     still_undrained: list[str] | None = None,
 ) -> Verdict:
     topic = common.topic
-    ingest_committed = read_committed(common, topic(Topic.INGEST_RECORDS))
-    gate_committed = read_committed(common, topic(Topic.DEDUP_RECORDS))
-    ingest_aborted = _aborted(ingest_committed, read_uncommitted(common, topic(Topic.INGEST_RECORDS)))
-    gate_aborted = _aborted(gate_committed, read_uncommitted(common, topic(Topic.DEDUP_RECORDS)))
+    # Every topic read at once: each read is mostly waiting on the broker (a consumer's start,
+    # offsets, fetches), so thirteen reads in turn took most of a check's time.
+    with ThreadPoolExecutor(max_workers=8, thread_name_prefix="check-read") as pool:
+        committed = {
+            name: pool.submit(read_committed, common, topic(name))
+            for name in (Topic.INGEST_RECORDS, Topic.DEDUP_RECORDS, Topic.ACKER_ACKS, Topic.ACKER_EVENTS, Topic.COMPUTE_LATE, *DLQ_TOPICS)
+        }
+        uncommitted = {
+            name: pool.submit(read_uncommitted, common, topic(name)) for name in (Topic.INGEST_RECORDS, Topic.DEDUP_RECORDS)
+        }
+        read = {name: future.result() for name, future in committed.items()}
+        read_all = {name: future.result() for name, future in uncommitted.items()}
+    ingest_committed, gate_committed = read[Topic.INGEST_RECORDS], read[Topic.DEDUP_RECORDS]
+    ingest_aborted = _aborted(ingest_committed, read_all[Topic.INGEST_RECORDS])
+    gate_aborted = _aborted(gate_committed, read_all[Topic.DEDUP_RECORDS])
 
     passed = [decode_envelope(r.value) for r in gate_committed]
     through_gate = Counter(e.record_id for e in passed)
-    dead = [rid for name in DLQ_TOPICS for rid in _dead_letter_ids(read_committed(common, topic(name), timeout_s=60))]
-    late = _dead_letter_ids(read_committed(common, topic(Topic.COMPUTE_LATE), timeout_s=60))
+    dead = [rid for name in DLQ_TOPICS for rid in _dead_letter_ids(read[name])]
+    late = _dead_letter_ids(read[Topic.COMPUTE_LATE])
     accounted = set(through_gate) | set(dead)
     lost = sorted(expected_ids - accounted)
     duplicated = sorted(rid for rid, n in through_gate.items() if n > 1)
@@ -223,14 +235,14 @@ def check(
     # Aborted reads: a gate output of an aborted ingest write, an ack of an aborted edge.
     aborted_edges = ingest_aborted.edges | gate_aborted.edges
     read_aborted = [f"dedup.records: {e.record_id} of aborted root {e.root_id}" for e in passed if e.root_id in ingest_aborted.roots]
-    for record in read_committed(common, topic(Topic.ACKER_ACKS)):
+    for record in read[Topic.ACKER_ACKS]:
         for message in AckerBatch.FromString(record.value).messages:
             if message.kind == AckerMessage.ACK and message.xor_value in aborted_edges:
                 read_aborted.append(f"acker.acks: {message.stage} acked the aborted edge {message.xor_value}")
 
     completed = {
         event.origin.record_id
-        for event in (TreeEvent.FromString(r.value) for r in read_committed(common, topic(Topic.ACKER_EVENTS)) if r.value)
+        for event in (TreeEvent.FromString(r.value) for r in read[Topic.ACKER_EVENTS] if r.value)
         if event.outcome == TreeEvent.COMPLETED
     }
     hanging = hanging_transactions(common, [topic(t) for t in PIPELINE_TOPICS], wait_s=hanging_wait_s)
