@@ -145,3 +145,38 @@ def test_drain_reports_drained_once_nothing_is_taken(consumer: _Consumer) -> Non
     finally:
         hop.stop()
         thread.join(5)
+
+
+class _Backlog:
+    """A consumer holding ``fetched`` records already fetched; records every consume call."""
+
+    def __init__(self, fetched: int) -> None:
+        self.fetched = fetched
+        self.calls: list[tuple[int, float]] = []
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[_Record]:
+        self.calls.append((num_messages, timeout))
+        served = [_Record(0, i) for i in range(min(num_messages, self.fetched))]
+        self.fetched -= len(served)
+        return served
+
+
+def _polled(fetched: int, **settings: Any) -> tuple[int, list[tuple[int, float]]]:
+    hop = ConsumerDriver(
+        name="t", common=CommonSettings(), settings=LoopSettings(**settings), input_topic="t", group_id="g",
+        transactional_id="x",
+    )
+    consumer = _Backlog(fetched)
+    hop._consumer = consumer  # type: ignore[assignment]
+    return len(hop._poll()), consumer.calls
+
+
+def test_a_poll_takes_what_was_fetched_at_once_and_lingers_only_after_a_first_record() -> None:
+    # Records waiting: taken without a wait, then linger_ms for more up to the bound.
+    assert _polled(30, max_batch_records=100, max_batch_ms=100, linger_ms=5) == (30, [(100, 0), (70, 0.005)])
+    # A full bound: no linger at all.
+    assert _polled(500, max_batch_records=100) == (100, [(100, 0)])
+    # Idle: wait up to max_batch_ms for one record, never the whole wait for a full batch.
+    assert _polled(0, max_batch_records=100, max_batch_ms=100, linger_ms=5) == (0, [(100, 0), (1, 0.1)])
+    # linger 0: what came is the batch.
+    assert _polled(3, max_batch_records=100, linger_ms=0) == (3, [(100, 0)])

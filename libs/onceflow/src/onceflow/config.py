@@ -173,7 +173,11 @@ class LoopSettings(BaseSettings):
     # Below max_batch_records the batch bound adapts: it doubles after a full batch and halves
     # after one under a quarter full, between these two bounds. 0 = fixed at the maximum.
     min_batch_records: int = Field(default=0, ge=0)
+    # The longest an idle hop waits in one poll for a first record (pause and stop are seen
+    # within it).
     max_batch_ms: int = Field(default=100, ge=1)
+    # After a first record: how long a hop waits for more before it commits what it has.
+    linger_ms: int = Field(default=5, ge=0)
     session_timeout_ms: int = Field(default=10_000, ge=1000)
     # How often a stage's punctuate() runs (timeouts, sweeps), in processing time.
     punctuate_ms: int = Field(default=1000, ge=10)

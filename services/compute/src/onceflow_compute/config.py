@@ -57,6 +57,9 @@ class ComputeSettings(BaseSettings):
     min_batch_records: int = Field(default=500, ge=1)
     max_batch_records: int = Field(default=20_000, ge=1)
     max_batch_ms: int = Field(default=200, ge=1)
+    # The map hop's linger after a first record: longer than the other hops' 5 ms, since each
+    # batch costs a Spark job.
+    linger_ms: int = Field(default=20, ge=0)
     # Engine runs spent finding the records a failing job raises on, per batch.
     bisect_budget: int = Field(default=64, ge=1)
     # Event time: how far out of order the input may be (watermark = newest event time seen -
@@ -80,6 +83,7 @@ class ComputeSettings(BaseSettings):
                 "min_batch_records": self.min_batch_records,
                 "max_batch_records": self.max_batch_records,
                 "max_batch_ms": self.max_batch_ms,
+                "linger_ms": self.linger_ms,
             }
         )
 

@@ -202,8 +202,17 @@ class ConsumerDriver:
             self._close()
 
     def _poll(self) -> list[Message]:
+        """What the consumer has already fetched, at once; if nothing, wait up to max_batch_ms
+        for a first record; then up to linger_ms for more, to the batch bound. An idle hop so
+        takes a record as soon as it comes, and a busy one takes what came during its last
+        commit: the batch grows with the rate and amortises the transaction (group commit)."""
         assert self._consumer is not None
-        messages = self._consumer.consume(num_messages=self._batch_bound, timeout=self._settings.max_batch_ms / 1000)
+        consumer, bound = self._consumer, self._batch_bound
+        messages = consumer.consume(num_messages=bound, timeout=0)
+        if not messages:
+            messages = consumer.consume(num_messages=1, timeout=self._settings.max_batch_ms / 1000)
+        if messages and len(messages) < bound and self._settings.linger_ms:
+            messages += consumer.consume(num_messages=bound - len(messages), timeout=self._settings.linger_ms / 1000)
         records = []
         for message in messages:
             error = message.error()
