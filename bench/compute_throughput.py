@@ -222,7 +222,7 @@ def main(
         with console.status("starting Spark and warming it up"):
             started = time.monotonic()
             settings = ComputeSettings(common=common, job=JOB, engine=EngineName.SPARK)
-            spark = make_engine(settings, JOB)
+            spark = make_engine(settings, load_job(JOB))
             session_s = time.monotonic() - started
             warm = _warm_up(spark, batch_sizes, users, warm_up_s)
         console.print(

@@ -1,8 +1,9 @@
 """Compute on a real Spark standalone cluster started from the pyspark wheel (`onceflow infra
 up --spark standalone`): a master and two workers whose executors run this venv's Python with
-nothing of ours on their path. A user's job package, with a combiner of its own, lives only in a
-temporary directory on the driver's PYTHONPATH, so the executors can import it only if compute
-ships it: the same job without shipping must fail at once, naming the import error."""
+nothing of ours on their path. A user's job package, and the package of the combiner it uses,
+live only in a temporary directory on the driver's PYTHONPATH, so the executors can import them
+only if compute ships both: the same job without shipping must fail at once, naming the import
+error."""
 
 from __future__ import annotations
 
@@ -43,41 +44,45 @@ from onceflow_compute.jobs import load_job
 
 pytestmark = [pytest.mark.spark_cluster, pytest.mark.integration, pytest.mark.xdist_group("spark_cluster")]
 
-JOB_SOURCE = '''
-"""A user's job: distinct merchants per user, through a combiner defined here."""
+COMBINER_SOURCE = '''
+"""A user's combiner, in a package of its own (not the job's): distinct values."""
 import time
-
-import pyarrow as pa
-
-from onceflow_compute.api import Aggregation, Combine, Count, Sum
-
-SECONDS_PER_VALUE = {slow}  # > 0 keeps the executors busy long enough to be killed mid-task
 
 
 class DistinctMerchants:
+    def __init__(self, seconds_per_value=0.0):
+        self.seconds_per_value = seconds_per_value  # > 0 keeps the executors busy long enough to be killed mid-task
+
     def init(self):
         return []
 
     def add(self, acc, value):
-        time.sleep(SECONDS_PER_VALUE)
-        return sorted(set(acc) | {{value}})
+        time.sleep(self.seconds_per_value)
+        return sorted(set(acc) | {value})
 
     def merge(self, a, b):
         return sorted(set(a) | set(b))
 
     def result(self, acc):
         return len(acc)
+'''
 
+JOB_SOURCE = '''
+"""A user's job: distinct merchants per user, through a combiner from another package."""
+import pyarrow as pa
+
+from onceflow_compute.api import Aggregation, Combine, Count, Sum
+from COMBINERS.distinct import DistinctMerchants
 
 job = Aggregation(
-    name="{name}",
+    name="NAME",
     schema=pa.schema([
         pa.field("user", pa.string(), nullable=False),
         pa.field("merchant", pa.string(), nullable=False),
         pa.field("amount", pa.int64(), nullable=False),
     ]),
     key="user",
-    aggregates=(Count("count"), Sum("amount", name="total"), Combine("merchant", name="merchants", combiner=DistinctMerchants())),
+    aggregates=(Count("count"), Sum("amount", name="total"), Combine("merchant", name="merchants", combiner=DistinctMerchants(SLOW))),
 )
 '''
 
@@ -129,14 +134,16 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]
 
 @pytest.fixture
 def user_job(tmp_path: Path) -> tuple[str, Path]:
-    """A job package that exists only under ``tmp_path`` (the driver's PYTHONPATH): a fast job
-    and one whose combiner takes 0.5 ms a value, to be killed under."""
-    package = f"userjobs_{uuid.uuid4().hex[:8]}"
-    (tmp_path / package).mkdir()
-    (tmp_path / package / "__init__.py").write_text("")
+    """A job package and a combiner package that exist only under ``tmp_path`` (the driver's
+    PYTHONPATH): a fast job and one whose combiner takes 0.5 ms a value, to be killed under."""
+    package, combiners = f"userjobs_{uuid.uuid4().hex[:8]}", f"usercombiners_{uuid.uuid4().hex[:8]}"
+    for name in (package, combiners):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text("")
+    (tmp_path / combiners / "distinct.py").write_text(COMBINER_SOURCE)
     for module, slow in (("merchants", 0.0), ("slow_merchants", 0.0005)):
-        source = textwrap.dedent(JOB_SOURCE).replace("{name}", module).replace("{slow}", str(slow))
-        (tmp_path / package / f"{module}.py").write_text(source.replace("{{value}}", "{value}"))
+        source = JOB_SOURCE.replace("COMBINERS", combiners).replace("NAME", module).replace("SLOW", str(slow))
+        (tmp_path / package / f"{module}.py").write_text(source)
     return f"{package}.merchants", tmp_path
 
 

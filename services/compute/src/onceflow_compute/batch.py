@@ -37,6 +37,7 @@ from onceflow_compute.dataflow.windows import GLOBAL, MAX_TIME, Tumbling
 from onceflow_compute.engines import Engine, SparkEngine
 from onceflow_compute.frames import parse_checked, parse_options
 from onceflow_compute.job_runner import JobFailed, JobRunner
+from onceflow_compute.shipping import modules_to_ship
 from onceflow_compute.stages import partials_by_key
 from onceflow_compute.windowed import firing_changes, windowed_engine
 
@@ -164,9 +165,10 @@ def run_batch(
     here for the whole input; past it the rest of the failing part counts as failed) and
     dropped; when the job fails on every record, JobFailed.
     """
-    ship = [job] if isinstance(job, str) else []  # a job named by its module: ship the module
-    if isinstance(job, str):
-        job = jobs.load_job(job)
+    ship: list[str] = []
+    if isinstance(job, str):  # a job named by its module: ship the module and its combiners'
+        module, job = job, jobs.load_job(job)
+        ship = modules_to_ship(module, job)
     started = time.monotonic()
     batch_input = read_input(job, input_path, input_format)
     read_seconds = time.monotonic() - started

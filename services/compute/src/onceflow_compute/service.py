@@ -17,10 +17,11 @@ from onceflow.v1 import compute_pb2, compute_pb2_grpc
 
 from onceflow_compute import jobs, spark_cds, stats
 from onceflow_compute.admin import ComputeAdminServicer
-from onceflow_compute.api import Aggregation, Join, Transform
+from onceflow_compute.api import Aggregation, Job, Join, Transform
 from onceflow_compute.config import ComputeSettings, EngineName
 from onceflow_compute.dataflow.watermarks import WatermarkTracker
 from onceflow_compute.engines import Engine, PandasEngine, SparkEngine
+from onceflow_compute.shipping import modules_to_ship
 from onceflow_compute.eventtime import EventTimeGate
 from onceflow_compute.joined import JoinMergeStage
 from onceflow_compute.stages import MapStage, MergeStage
@@ -29,19 +30,20 @@ from onceflow_compute.windowed import WindowedMergeStage
 log = logging.getLogger(__name__)
 
 
-def make_engine(settings: ComputeSettings, job_name: str) -> Engine:
-    """``job_name`` for the app's name; the module ONCEFLOW_COMPUTE_JOB names is shipped."""
+def make_engine(settings: ComputeSettings, job: Job) -> Engine:
+    """The job's name names the app; the module ONCEFLOW_COMPUTE_JOB names is shipped, with
+    the modules of its user combiners."""
     if settings.engine is EngineName.PANDAS:
         return PandasEngine()
     return SparkEngine(
         settings.spark_master,
         settings.spark_shuffle_partitions,
         settings.spark_driver_memory,
-        app_name=f"onceflow-compute-{job_name}-{settings.instance}",
+        app_name=f"onceflow-compute-{job.name}-{settings.instance}",
         java_options=spark_cds.java_options(settings.spark_java_options),
         executor_python=settings.spark_executor_python,
         conf=settings.spark_conf,
-        ship=[settings.job],
+        ship=modules_to_ship(settings.job, job),
         batch_timeout_s=settings.batch_timeout_s,
     )
 
@@ -57,7 +59,7 @@ def merge_stage_for(job: Aggregation | Join, results_topic: str, counts: stats.J
 def build(settings: ComputeSettings) -> tuple[list[TransactionalLoop], ServiceServer, Engine]:
     common = settings.common
     job = jobs.load_job(settings.job)  # a bad job name fails here, before Spark starts
-    engine = make_engine(settings, job.name)
+    engine = make_engine(settings, job)
     counts = stats.JobCounts()
     windowed = isinstance(job, (Aggregation, Join)) and job.windowed
     event_time = None

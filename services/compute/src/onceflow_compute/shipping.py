@@ -26,6 +26,17 @@ def shippable(module_name: str) -> Path | None:
     return Path(spec.origin) if spec.origin and spec.origin.endswith(".py") else None
 
 
+def modules_to_ship(job_module: str, job: object) -> list[str]:
+    """The job's module, and the module of each user combiner the job folds with: a combiner
+    may live in a package of its own, which the executors lack as much as the job's."""
+    modules = [job_module]
+    for aggregate in getattr(job, "aggregates", ()):
+        combiner = getattr(aggregate, "combiner", None)
+        if combiner is not None and type(combiner).__module__ not in ("__main__", "builtins"):
+            modules.append(type(combiner).__module__)
+    return list(dict.fromkeys(modules))
+
+
 def archive(source: Path, into: Path | None = None) -> Path:
     """A single-file module as it is; a package as a zip with the package at its root, which
     Spark puts on the executors' sys.path (``addPyFile``, ``addArtifacts(pyfile=True)``)."""
