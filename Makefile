@@ -100,6 +100,7 @@ bench: setup
 	$(PY) bench/compute_throughput.py
 	$(PY) bench/spark_cluster.py
 	$(PY) bench/nexmark.py
+	$(PY) bench/visibility_latency.py
 
 clean:
 	-$(ONCEFLOW) infra down
