@@ -55,7 +55,11 @@ def test_a_build_that_commits_offsets_outside_the_transaction_and_reads_aborted_
     code, verdict = verify(
         "--workload", "keyed-count",
         "--sabotage", "offsets_outside_txn,read_uncommitted", "--faults", "crash_in_txn", "--duration", "30s",
-        "--rate", "150", "--fault-every", "4", "--seed", "5", "--settle", "15", timeout_s=600,
+        # Aborted reads are caught where a read_uncommitted compute acks the gate's aborted
+        # outputs, so compute must get to run: each of its kills costs a Spark start (15 s on a
+        # busy machine), and a CI run judged 15 s after the clients, before the last restart
+        # had read anything (0 aborted reads; lost and wrong rows caught all the same).
+        "--rate", "150", "--fault-every", "4", "--seed", "5", "--settle", "60", timeout_s=600,
     )
     assert verdict["faults_injected"].get("crash_in_txn", 0) >= 3, verdict["faults_injected"]
     assert code == 1 and not verdict["ok"], verdict
