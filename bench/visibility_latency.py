@@ -30,6 +30,7 @@ from rich.table import Table
 from onceflow.config import CommonSettings
 from onceflow.redis_client import connect, delete_prefix
 from onceflow.v1 import ingest_pb2, ingest_pb2_grpc, sink_pb2, sink_pb2_grpc
+from onceflow_tools.bench.pipeline import percentile
 from onceflow_tools.infra import stack
 from onceflow_tools.infra.topics import delete_topics, ensure_topics
 from onceflow_tools.verify.supervisor import Supervisor
@@ -41,11 +42,6 @@ SETTINGS = {
     "baseline": ({"ONCEFLOW_LOOP_LINGER_MS": "100"}, {"LINGER_MS": "200"}),
     "default": ({}, {}),
 }
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def _measure(name: str, records: int, gap_s: float) -> dict[str, float]:
@@ -83,8 +79,8 @@ def _measure(name: str, records: int, gap_s: float) -> dict[str, float]:
             time.sleep(gap_s)  # idle between records: each meets a quiet pipeline
         console.print(f"{name}: visible p50 {statistics.median(visible):.0f} ms")
         return {
-            "visible_p50_ms": statistics.median(visible), "visible_p99_ms": _percentile(visible, 0.99),
-            "reply_p50_ms": statistics.median(replies), "reply_p99_ms": _percentile(replies, 0.99),
+            "visible_p50_ms": statistics.median(visible), "visible_p99_ms": percentile(visible, 99),
+            "reply_p50_ms": statistics.median(replies), "reply_p99_ms": percentile(replies, 99),
         }
     finally:
         supervisor.stop_all()
