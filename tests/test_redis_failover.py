@@ -37,7 +37,7 @@ def test_a_sentinel_failover_and_a_rollback_under_load_hold_exactly_once(tmp_pat
         "ONCEFLOW_KAFKA_BOOTSTRAP": f"127.0.0.1:{free_port()}",
         "ONCEFLOW_KAFKA_CONTROLLER_PORT": str(free_port()),
         "ONCEFLOW_REDIS_TOPOLOGY": "sentinel",
-        "ONCEFLOW_REDIS_PORT": str(free_port()),
+        "ONCEFLOW_REDIS_PORT": str(free_port(span=2)),  # the replica takes the next port
         "ONCEFLOW_REDIS_SENTINEL_PORT": str(sentinel),
         "ONCEFLOW_REDIS_URL": f"redis+sentinel://127.0.0.1:{sentinel}/onceflow/0",
         **SHORT_LIVED_COMPUTE,

@@ -4,6 +4,7 @@ kill -9, SIGSTOP/SIGCONT (zombies). Used by the CLI's demo and by the fault test
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -20,11 +21,29 @@ from onceflow.admin.tls import ClientTLS, channel
 from onceflow.config import repo_root
 
 
-def free_port() -> int:
-    """A port nothing listens on now, for a service started next (tests, benches, the demo)."""
+# Below Linux's ephemeral range (32768-60999): a port handed out here is never taken meanwhile
+# as the local end of somebody's outgoing connection, as one the kernel picked could be.
+_FREE_PORTS = range(20000, 32700)
+
+
+def free_port(span: int = 1) -> int:
+    """The first of ``span`` consecutive ports nothing is bound to now, for a service started
+    next (tests, benches, the demo). A span covers a component that takes the next ports too
+    (a Redis replica on the primary's + 1)."""
+    for _ in range(500):
+        first = random.randrange(_FREE_PORTS.start, _FREE_PORTS.stop - span)
+        if all(_bindable(port) for port in range(first, first + span)):
+            return first
+    raise RuntimeError(f"no {span} free consecutive port(s) in {_FREE_PORTS}")
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 class ServiceProcess:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +15,8 @@ from onceflow_tools.infra.settings import InfraSettings, redis_port, sentinel_po
 
 # The name Sentinel knows the primary by (the path of a redis+sentinel:// URL).
 SENTINEL_MASTER = "onceflow"
+# How long a just-started redis-server may go without a pid file before it counts as dead.
+_PID_GRACE_S = 5.0
 
 
 @dataclass
@@ -155,12 +158,27 @@ class RedisServer:
                 raise InfraError(f"redis-server refused to start: {why}; see {display_path(self.log_path)}")
         elif self.is_healthy():
             return False
-        if not plumbing.wait_until(self.is_healthy, timeout, 0.05):
+        since = time.monotonic()
+        if not plumbing.wait_until(lambda: self._healthy_or_gone(since), timeout, 0.05):
             raise InfraError(
                 f"redis did not answer PING on {self.address} within {timeout:.0f}s;"
                 f" see {display_path(self.log_path)}"
             )
         return True
+
+    def _healthy_or_gone(self, since: float) -> bool:
+        """PING answers. redis-server writes its pid file once its ports are bound, before it
+        loads any data: no live pid a few seconds after the start means it died starting (a
+        port taken between our check and its bind, a bad config), an error now, not after the
+        whole timeout."""
+        if self.is_healthy():
+            return True
+        if self.pid() is None and time.monotonic() - since > _PID_GRACE_S:
+            raise InfraError(
+                f"redis-server on {self.address} exited while starting; the end of"
+                f" {display_path(self.log_path)}:\n{plumbing.tail(self.log_path, 8)}"
+            )
+        return False
 
     def _render_conf(self) -> None:
         values: dict[str, object] = {
