@@ -420,3 +420,46 @@ def test_ingest_validation_fuzzed_answers_ok_or_invalid_argument_and_never_crash
     assert accepted, "no example was valid: the fuzz never reached the commit path"
     committed = sorted(checker.record_id_of_bytes(r.value) for r in _committed(pipeline))
     assert committed == sorted(accepted)
+
+
+def test_a_replayer_stuck_outside_its_group_ends_ingest_with_exit_4_from_the_shared_driver(
+    pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ingest's replayer is a consume/commit loop on the shared driver, so it takes the driver's
+    stuck-consumer rule (exit 4, a new process joins) with no copy of its own, and ingest passes
+    the code on and stops serving rather than serving on with no replays (issue 21's drift bug).
+    Everything is real (broker, committer, gRPC server, replayer) except the group's answer to
+    "is this member in?", the one thing a live broker cannot be made to get wrong on demand."""
+    from onceflow.txn import driver
+    from onceflow.txn.errors import EXIT_RESTART, ConsumerStuck
+    from onceflow_ingest import service as ingest_service
+    from onceflow_ingest.config import IngestSettings
+
+    port = free_port()
+    for name, value in pipeline.env.items():
+        monkeypatch.setenv(name, value)
+    settings = IngestSettings(port=port, metrics_port=0, instance=f"ingest-stuck-{port}")
+    real_watch = driver.watch_membership
+
+    class Evicted:
+        """The membership watch's verdict on a member the group has dropped for good."""
+
+        def observe(self, _consumer: object) -> None:
+            raise ConsumerStuck(f"group {settings.replayer_group_id}: this member is outside the group")
+
+    def watch(common, group_id: str):  # noqa: ANN001, ANN202 - the driver's own signature
+        return Evicted() if group_id == settings.replayer_group_id else real_watch(common, group_id)
+
+    monkeypatch.setattr(driver, "watch_membership", watch)
+    monkeypatch.setattr(ingest_service, "on_stop_signals", lambda _stop: None)  # pytest keeps its own handlers
+    ingest = ingest_service.IngestService(settings)
+    exit_code: list[int] = []
+    runner = threading.Thread(target=lambda: exit_code.append(ingest.run()), name="ingest-under-test", daemon=True)
+    runner.start()
+    runner.join(120)
+    assert not runner.is_alive(), "ingest served on after its replayer got stuck"
+    assert exit_code == [EXIT_RESTART]
+    assert ingest.replayer is not None and "outside the group" in ingest.replayer.stats.last_error
+    with pytest.raises(grpc.RpcError):  # its server is down: a supervisor restarts the process
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2)
