@@ -59,25 +59,28 @@ infra-down:
 demo: setup
 	$(ONCEFLOW) demo
 
-# The suite also runs `tilt ci` on the Tiltfile and validates the compose file, and the short
-# 3-broker cluster campaign; `make test-cluster` runs every cluster test, the extended ones too.
-# It prints the 20 slowest tests, to keep it under 20 minutes.
-# Two xdist workers, each with a Kafka and a Redis of its own (tests/conftest.py); the longest
-# tests go first. A module that needs one fixture for all its tests is one xdist_group.
+# The suite also runs `tilt ci` on the Tiltfile and validates the compose file. It leaves the
+# clusters out (markers cluster, spark_cluster): a 3-broker KRaft cluster and a Spark standalone
+# cluster beside the suite's own stacks cost a 2-core machine about 12 of its worker-minutes;
+# `make test-cluster` runs them, the extended ones too. It prints the 20 slowest tests, to keep
+# it under 20 minutes. Two xdist workers, each with a Kafka and a Redis of its own
+# (tests/conftest.py); the longest tests go first. A module that needs one fixture for all its
+# tests is one xdist_group.
 PYTEST_WORKERS ?= 2
 test: setup tilt compose-schema
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not extended" --durations=20
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not extended and not cluster and not spark_cluster" --durations=20
 
 test-cluster: setup
-	$(PY) -m pytest -m cluster
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "cluster or spark_cluster" --durations=20
 
-# What `make test` leaves out for time: the cluster's sabotaged build, two compute workers on the
-# Spark cluster, the whole pipeline on the secure stack.
+# Every test marked extended: the cluster's sabotaged build and two compute workers on the Spark
+# cluster (both in test-cluster too), the whole pipeline on the secure stack, Nexmark's stateless
+# queries and incremental join through kill -9s.
 test-extended: setup
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m extended
 
 test-fast: setup tilt compose-schema
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not fault and not cluster and not extended"
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not fault and not cluster and not spark_cluster and not extended"
 
 # The long chaos campaigns (docs/verification.md); the suite runs short ones.
 soak: setup

@@ -105,8 +105,8 @@ def test_exactly_once_holds_through_leader_coordinator_and_controller_kills_and_
 def test_a_broken_build_fails_verification_on_the_cluster(cluster_env: dict[str, str]) -> None:
     """The checker can fail here too: offsets committed outside the transaction lose the batches
     that crashes abort (at the gate: ids lost; in compute: rows wrong), and consumers reading
-    uncommitted data take in what aborted transactions wrote. In `make test-cluster`, not
-    `make test` (the suite's sabotaged campaigns run on one broker, test_verify)."""
+    uncommitted data take in what aborted transactions wrote. Marked extended: `make
+    test-cluster` runs it (the suite's sabotaged campaigns run on one broker, test_verify)."""
     code, verdict = verify(
         cluster_env, "--sabotage", "offsets_outside_txn,read_uncommitted", "--faults", "crash_in_txn,leader-kill9",
         "--duration", "40s", "--rate", "150", "--fault-every", "4", "--seed", "5", "--settle", "20",
