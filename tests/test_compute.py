@@ -164,7 +164,8 @@ def batch_table(engine: SparkEngine, job: str, inputs: list[Input], tmp_path: Pa
 
 
 @pytest.mark.fault
-@pytest.mark.parametrize("job", ["usersum", "wordcount"])
+# wordcount (a flatMap job: one record, many keys) in make test-extended, for the suite's time.
+@pytest.mark.parametrize("job", ["usersum", pytest.param("wordcount", marks=pytest.mark.extended)])
 def test_two_workers_stay_exact_through_kill9s_a_zombie_and_a_rebalance(
     pipeline: Pipeline, job: str, spark: SparkEngine, tmp_path: Path
 ) -> None:

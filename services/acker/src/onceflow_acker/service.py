@@ -11,7 +11,7 @@ from onceflow.v1 import acker_pb2, acker_pb2_grpc
 
 from onceflow_acker.admin import AckerAdminServicer
 from onceflow_acker.config import AckerSettings
-from onceflow_acker.stage import AckerStage, AckerStats
+from onceflow_acker.stage import PENDING, AckerStage, AckerStats
 
 
 def build(settings: AckerSettings) -> tuple[TransactionalLoop, ServiceServer]:
@@ -31,12 +31,17 @@ def build(settings: AckerSettings) -> tuple[TransactionalLoop, ServiceServer]:
     assert loop.stores is not None
     stores = loop.stores
     admin = AckerAdminServicer(stores, stats, ingest_topic)
+
+    def pending_trees() -> float:
+        return float(sum(len(store) for _p, store in stores.items()))  # type: ignore[arg-type]
+
+    PENDING.set_function(pending_trees)
     server = ServiceServer(
         service="acker",
         instance=settings.instance,
         host=settings.host,
         port=settings.port,
-        controls=LoopControls(loop, lambda: {"pending_trees": float(sum(len(s) for _p, s in stores.items()))}),  # type: ignore[arg-type]
+        controls=LoopControls(loop, lambda: {"pending_trees": pending_trees()}),
         tokens=Tokens.from_settings(common),
         tls=ServerTLS.from_settings(common),
         add_servicers=lambda server: acker_pb2_grpc.add_AckerAdminServicer_to_server(admin, server),

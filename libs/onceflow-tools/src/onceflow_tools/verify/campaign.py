@@ -287,11 +287,15 @@ def _campaign(
 
     progress.phase = "waiting for the sink to converge"
     deadline = time.monotonic() + options.settle_s
-    rows = _sink_rows(load, supervisor, refresh, until=lambda rows: rows == batch_rows, deadline=deadline)
+    job = load.compute_settings["JOB"]
+    # Until the table matches, or the pipeline drained without it: then nothing is in flight
+    # that could still change a row, and waiting out the settle time would only delay a fail.
+    rows = _sink_rows(
+        load, supervisor, refresh, until=lambda rows: rows == batch_rows or not undrained(common, job), deadline=deadline,
+    )
     # An early match proves little while copies are still in flight: judge a drained pipeline.
     progress.phase = "waiting for every consumer to read to the end"
     on_progress(progress)
-    job = load.compute_settings["JOB"]
     behind = undrained(common, job)
     while behind and time.monotonic() < deadline:
         refresh()
