@@ -11,7 +11,7 @@ ONCEFLOW := .venv/bin/onceflow
 PROTOS := $(wildcard proto/onceflow/v1/*.proto)
 GEN_STAMP := libs/onceflow/src/onceflow/v1/.generated
 
-.PHONY: setup venv proto kafka-jars spark-cds redis compose-schema demo test test-cluster test-extended test-fast infra-up infra-down bench soak soak-cluster soak-spark clean
+.PHONY: setup venv proto kafka-jars spark-cds redis browser compose-schema console demo test test-cluster test-extended test-fast infra-up infra-down bench soak soak-cluster soak-spark clean
 
 setup: venv proto kafka-jars spark-cds redis
 
@@ -39,6 +39,10 @@ spark-cds: proto
 redis:
 	@command -v redis-server >/dev/null || infra/redis/install.sh
 
+# Debian's Chromium, which the console's browser tests drive (pytest -m console).
+browser:
+	@command -v chromium >/dev/null || infra/browser/install.sh
+
 # Tilt in .tools/bin, built from the Go module proxy and the npm registry (cold: ~10 min), then
 # kept in the user's cache: a fresh clone copies it in a second.
 .PHONY: tilt
@@ -59,6 +63,10 @@ infra-down:
 demo: setup
 	$(ONCEFLOW) demo
 
+# The operations console on infra/services.toml's services (`tilt up` runs it too).
+console: setup
+	$(ONCEFLOW) console
+
 # The suite also runs `tilt ci` on the Tiltfile and validates the compose file. It leaves the
 # clusters out (markers cluster, spark_cluster): a 3-broker KRaft cluster and a Spark standalone
 # cluster beside the suite's own stacks cost a 2-core machine about 12 of its worker-minutes;
@@ -67,7 +75,7 @@ demo: setup
 # (tests/conftest.py); the longest tests go first. A module that needs one fixture for all its
 # tests is one xdist_group.
 PYTEST_WORKERS ?= 2
-test: setup tilt compose-schema
+test: setup browser tilt compose-schema
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not extended and not cluster and not spark_cluster" --durations=20
 
 test-cluster: setup
@@ -79,7 +87,7 @@ test-cluster: setup
 test-extended: setup
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m extended
 
-test-fast: setup tilt compose-schema
+test-fast: setup browser tilt compose-schema
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not fault and not cluster and not spark_cluster and not extended"
 
 # The long chaos campaigns (docs/verification.md); the suite runs short ones.

@@ -44,7 +44,7 @@ def test_tilt_ci_brings_every_resource_up_then_stops_them(infra: None) -> None:
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     assert "SUCCESS. All workloads are healthy." in output, output[-4000:]
-    for name in ("acker", "dedup", "compute", "sink", "ingest"):
+    for name in ("acker", "dedup", "compute", "sink", "ingest", "console"):
         assert f"{name} │" in output or f"{name} |" in output, f"no log lines from {name}"
     # tilt ci stops what it started (each service shuts down gracefully on its SIGTERM).
     wait_pipeline_gone()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from onceflow_tools.cli import admin, batch, bench, demo, health, infra, nexmark, query, topology, verify
+from onceflow_tools.cli import admin, batch, bench, console, demo, health, infra, nexmark, query, topology, verify
 
 app = typer.Typer(no_args_is_help=True, help="onceflow: exactly-once stream processing.")
 app.add_typer(infra.app, name="infra")
@@ -15,6 +15,7 @@ app.command("health")(health.health)
 app.command("nexmark")(nexmark.send)
 app.command("verify")(verify.verify)
 app.command("bench")(bench.bench)
+app.command("console")(console.console)
 app.command("topology")(topology.topology)
 # Lazy: imports the compute package (and pyspark) only when it runs.
 app.command("batch")(batch.batch)

@@ -15,6 +15,7 @@ Exit 0 only if all of it holds."""
 
 from __future__ import annotations
 
+import socket
 import tempfile
 import time
 from collections import Counter
@@ -26,6 +27,7 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from onceflow.admin.fleet import Endpoint
 from onceflow.codec import decode_envelope
 from onceflow.config import CommonSettings
 from onceflow.kafka import inspect
@@ -33,6 +35,8 @@ from onceflow.redis_client import connect, delete_prefix
 from onceflow.topology import Topic
 from onceflow_tools.cli.pipeline_view import PipelineView
 from onceflow_tools.infra import stack
+from onceflow_tools.console.server import BackgroundConsole
+from onceflow_tools.console.settings import ConsoleSettings
 from onceflow_tools.infra.topics import delete_topics, ensure_topics
 from onceflow_tools.process import ServiceProcess, free_port, pipeline_service
 from onceflow_tools.workloads import auctionbids, nexmark
@@ -70,14 +74,18 @@ def demo(
     addresses = {name: f"127.0.0.1:{free_port()}" for name in SERVICES}
     services = {name: _service(name, addresses[name], prefix, max_delay_ms, log_dir) for name in SERVICES}
     ok = False
+    web: BackgroundConsole | None = None
     try:
         for name, service in services.items():
             with console.status(f"starting {name} ..."):
                 service.start()
                 service.wait_healthy(addresses[name], timeout_s=120)
             console.print(f"{name}: [green]serving[/] on {addresses[name]} (log {service.log_path})")
-        ok = _run(common, addresses, services, events, rate, max_delay_ms, batch, clients, retry_ratio, seed)
+        web = _start_console(common, addresses)
+        ok = _run(common, addresses, services, events, rate, max_delay_ms, batch, clients, retry_ratio, seed, web)
     finally:
+        if web is not None:
+            web.stop()
         for name, service in reversed(services.items()):
             try:
                 code = service.terminate() if service.alive() else service.proc.returncode if service.proc else None
@@ -96,6 +104,29 @@ def demo(
         raise typer.Exit(1)
 
 
+def _start_console(common: CommonSettings, addresses: dict[str, str]) -> BackgroundConsole | None:
+    """The operations console on this run's services, on its usual port when that is free."""
+    settings = ConsoleSettings()
+    settings.port = settings.port if _port_free(settings.host, settings.port) else free_port()
+    endpoints = [Endpoint(name, address) for name, address in addresses.items()]
+    try:
+        web = BackgroundConsole(settings, endpoints, common=common).start()
+    except RuntimeError as exc:  # the demo's proof does not need it
+        console.print(f"[yellow]console[/]: {exc}")
+        return None
+    console.print(f"console: [bold]{web.url}[/] (the pipeline live, record lookup, result tables)", highlight=False)
+    return web
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def _service(name: str, address: str, prefix: str, max_delay_ms: int, log_dir: Path) -> ServiceProcess:
     settings = {"JOB": JOB, "WATERMARK_BOUND_MS": str(max_delay_ms)} if name == "compute" else {}
     return pipeline_service(name, address, prefix, "demo", log_dir, **settings)
@@ -112,6 +143,7 @@ def _run(
     clients: int,
     retry_ratio: float,
     seed: int,
+    web: BackgroundConsole | None,
 ) -> bool:
     config = nexmark.NexmarkConfig(events=events, rate=rate, max_delay_ms=max_delay_ms, seed=seed)
     with console.status(f"generating {events:,} Nexmark events ..."):
@@ -124,6 +156,8 @@ def _run(
     )
     senders = Senders(addresses["ingest"], nexmark.ingest_records(arrivals), batch, clients, retry_ratio, seed)
     view = PipelineView(addresses, event_time_origin_ms=config.base_time_ms)
+    if web is not None:
+        view.notes.append(f"console: {web.url}")
     progress = Progress(
         TextColumn("[bold]clients"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"), TimeElapsedColumn()
     )

@@ -89,9 +89,12 @@ class ClientTokens(BaseSettings):
     def admin(self) -> str:
         return secret(self.admin_token, self.admin_token_file, "ONCEFLOW_ADMIN_TOKEN")
 
+    def read(self) -> str:
+        return secret(self.read_token, self.read_token_file, "ONCEFLOW_READ_TOKEN")
+
     def bearer(self) -> str:
         """For calls that bring no token of their own: the read token, else the admin token."""
-        return secret(self.read_token, self.read_token_file, "ONCEFLOW_READ_TOKEN") or self.admin()
+        return self.read() or self.admin()
 
 
 def _deny(message: str) -> grpc.RpcMethodHandler:

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import time
 import tomllib
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from onceflow.admin.tls import ClientTLS, channel
@@ -35,6 +37,11 @@ class ServiceStatus:
     health: str
     status: admin_pb2.StatusReply | None = None
     error: str = ""
+    extra: Message | None = None  # the ``also`` call's reply
+
+    @property
+    def serving(self) -> bool:
+        return self.health == "SERVING" and self.status is not None
 
 
 def services_file() -> Path:
@@ -56,15 +63,19 @@ def _error(exc: grpc.RpcError) -> str:
     return f"{exc.code().name}: {exc.details()}"  # type: ignore[attr-defined]
 
 
-def query(endpoint: Endpoint, tls: ClientTLS | None, timeout_s: float) -> ServiceStatus:
-    """Health, then Status, both within ``timeout_s`` in all."""
+def query(
+    endpoint: Endpoint, tls: ClientTLS | None, timeout_s: float, bearer: str | None = None,
+    also: Callable[[grpc.Channel, float], Message] | None = None,
+) -> ServiceStatus:
+    """Health, then Status, then ``also`` (a call of the service's own, given the time left), all
+    within ``timeout_s``. ``bearer``: the token reads carry (default: the environment's)."""
     deadline = time.monotonic() + timeout_s
 
     def remaining() -> float:
         return max(deadline - time.monotonic(), 0.001)
 
     try:
-        chan = channel(endpoint.address, tls)
+        chan = channel(endpoint.address, tls, bearer=bearer)
     except ValueError as exc:  # an unreadable TLS file
         return ServiceStatus(endpoint, DOWN, error=str(exc))
     with chan:
@@ -77,7 +88,13 @@ def query(endpoint: Endpoint, tls: ClientTLS | None, timeout_s: float) -> Servic
             status = admin_pb2_grpc.AdminStub(chan).Status(admin_pb2.StatusRequest(), timeout=remaining())
         except grpc.RpcError as exc:
             return ServiceStatus(endpoint, health, error=_error(exc))
-    return ServiceStatus(endpoint, health, status, status.last_error)
+        extra = None
+        if also is not None:
+            try:
+                extra = also(chan, remaining())
+            except grpc.RpcError as exc:
+                return ServiceStatus(endpoint, health, status, _error(exc))
+    return ServiceStatus(endpoint, health, status, status.last_error, extra)
 
 
 def query_all(endpoints: list[Endpoint], tls: ClientTLS | None, timeout_s: float = 2.0) -> list[ServiceStatus]:

@@ -73,14 +73,15 @@ class ClientTLS:
 
 
 def channel(
-    address: str, tls: ClientTLS | None = None, options: Sequence[tuple[str, object]] = ()
+    address: str, tls: ClientTLS | None = None, options: Sequence[tuple[str, object]] = (), bearer: str | None = None
 ) -> grpc.Channel:
     """A channel to a onceflow service: TLS when ``tls`` is given, plaintext otherwise; calls
-    without a token of their own carry ONCEFLOW_READ_TOKEN (or the admin token) when set."""
+    without a token of their own carry ``bearer``, by default ONCEFLOW_READ_TOKEN (or the admin
+    token) when set."""
     from onceflow.admin.auth import ClientTokens, with_bearer  # auth builds on this module's settings
 
     if tls is None:
         chan = grpc.insecure_channel(address, options=options)
     else:
         chan = grpc.secure_channel(address, tls.credentials(), options=options)
-    return with_bearer(chan, ClientTokens().bearer())
+    return with_bearer(chan, ClientTokens().bearer() if bearer is None else bearer)

@@ -128,6 +128,14 @@ def read_committed(
     return _read(common, topic, start, timeout_s, on_progress, "read_committed")
 
 
+def find_committed(
+    common: CommonSettings, topic: str, keep: Callable[[TopicRecord], bool], timeout_s: float = 120.0
+) -> list[TopicRecord]:
+    """The committed records of ``topic`` that ``keep`` accepts, read from the beginning to each
+    partition's end without holding the rest: a lookup in a topic of any size."""
+    return _read(common, topic, None, timeout_s, None, "read_committed", keep)
+
+
 def latest_by_key(records: Iterable[TopicRecord]) -> dict[tuple[int, bytes], bytes]:
     """A compacted changelog read as a table: (partition, key) -> last value, tombstones removed
     (keyless records are not part of the table)."""
@@ -155,6 +163,7 @@ def _read(
     timeout_s: float,
     on_progress: Callable[[int], None] | None,
     isolation: str,
+    keep: Callable[[TopicRecord], bool] | None = None,
 ) -> list[TopicRecord]:
     # A read to the end: the broker answers a fetch at the end at once instead of holding it
     # for fetch.wait.max.ms (500), and a short consume returns what came instead of waiting for
@@ -177,12 +186,11 @@ def _read(
                         pending.discard(message.partition())
                         continue
                     raise RuntimeError(f"reading {topic}: {error}")
-                records.append(
-                    TopicRecord(
-                        message.partition(), message.offset(), message.key(), message.value(),
-                        tuple(message.headers() or ()),
-                    )
+                record = TopicRecord(
+                    message.partition(), message.offset(), message.key(), message.value(), tuple(message.headers() or ())
                 )
+                if keep is None or keep(record):
+                    records.append(record)
             if on_progress is not None:
                 on_progress(len(records))
     finally:
