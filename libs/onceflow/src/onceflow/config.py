@@ -47,61 +47,112 @@ def secret(value: str, file: str, name: str) -> str:
 class CommonSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ONCEFLOW_", extra="ignore")
 
-    kafka_bootstrap: str = "127.0.0.1:19092"
-    # librdkafka's metadata recovery. "none" (the default, for the single local broker): keep
-    # reconnecting to the brokers it knows; librdkafka's "rebootstrap" can leave an in-flight
+    kafka_bootstrap: str = Field(
+        default="127.0.0.1:19092", description="The Kafka brokers every client starts from (`host:port`, comma-separated)."
+    )
+    # "none" is the default because librdkafka's "rebootstrap" can leave an in-flight
     # send_offsets_to_transaction blocked past its timeout when the only broker restarts
-    # (librdkafka #5511, #5456). On a cluster whose brokers can all be replaced, "rebootstrap"
-    # lets clients find the cluster again from the bootstrap list.
-    kafka_metadata_recovery: Literal["none", "rebootstrap"] = "none"
-    # How every Kafka client (services, CLI, infra checks) talks to the brokers. PLAINTEXT is
-    # for loopback only. SASL_SSL with SCRAM: a user and password (the _FILE form wins) over
-    # TLS. SSL with a client certificate and key: mutual TLS. The CA file verifies the brokers.
-    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_SSL"] = "PLAINTEXT"
-    kafka_sasl_mechanism: Literal["SCRAM-SHA-512", "SCRAM-SHA-256"] = "SCRAM-SHA-512"
-    kafka_sasl_username: str = ""
-    kafka_sasl_password: str = ""
-    kafka_sasl_password_file: str = ""
-    kafka_ssl_ca_file: str = ""
-    kafka_ssl_cert_file: str = ""
-    kafka_ssl_key_file: str = ""
-    # redis:// or, for TLS, rediss://; an ACL user goes in the URL (rediss://onceflow@host:port/0)
-    # and its password in ONCEFLOW_REDIS_PASSWORD(_FILE), not in the URL.
-    redis_url: str = "redis://127.0.0.1:16379/0"
-    redis_password: str = ""
-    redis_password_file: str = ""
-    # The CA that signed the Redis server's certificate (rediss://); empty: the system's.
-    redis_ssl_ca_file: str = ""
-    # After each write to a Redis store, WAIT until this many replicas have it (0: don't wait).
-    # It narrows what a failover can lose; what it still loses, the stores' continuity check
-    # catches and rebuilds from Kafka (docs/redis.md).
-    redis_wait_replicas: int = Field(default=0, ge=0)
-    redis_wait_timeout_ms: int = Field(default=1000, ge=0)
-    # Prepended to every topic name, so several pipelines (or tests) share one broker.
-    topic_prefix: str = ""
-    # Short, so a killed producer's open transaction stops holding back the last stable offset
-    # soon enough for recovery (and tests) not to crawl. The broker caps it at
-    # transaction.max.timeout.ms.
-    transaction_timeout_ms: int = 10_000
-    # Bearer token for mutating admin calls. Empty means mutating calls are refused. The _FILE
-    # form (a file holding the token) keeps it out of `ps` and the environment, and wins.
-    admin_token: str = ""
-    admin_token_file: str = ""
-    # Bearer token for read calls (Status, stats, lookups, Query, reflection). Empty: reads are
-    # open, fine on loopback; set it before binding beyond (docs/admin.md, "Threat model").
-    read_token: str = ""
-    read_token_file: str = ""
-    # TLS for the service's gRPC port (PEM files). Empty cert and key = plaintext, fine on
-    # loopback; with a client CA the server also requires client certificates signed by it.
-    tls_cert_file: str = ""
-    tls_key_file: str = ""
-    tls_client_ca_file: str = ""
-    log_level: str = "INFO"
-    # exactly_once: every hop commits offsets, state and outputs in one Kafka transaction.
-    # at_least_once: the same pipeline without transactions (outputs flushed, then offsets
-    # committed): a crash re-sends a batch. It exists to measure what exactly-once costs
-    # (onceflow bench); never run production on it (docs/decisions/0010).
-    processing_guarantee: Literal["exactly_once", "at_least_once"] = "exactly_once"
+    # (librdkafka #5511, #5456).
+    kafka_metadata_recovery: Literal["none", "rebootstrap"] = Field(
+        default="none",
+        description="librdkafka's metadata recovery. `none`: keep reconnecting to the brokers it knows (the single "
+        "local broker). `rebootstrap`: find the cluster again from the bootstrap list, for a cluster whose brokers "
+        "can all be replaced.",
+    )
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_SSL"] = Field(
+        default="PLAINTEXT",
+        description="How every Kafka client (services, CLI, infra checks) talks to the brokers: `PLAINTEXT` (for "
+        "loopback only), `SSL` (TLS; with a client certificate, mutual TLS) or `SASL_SSL` (a SCRAM user over TLS).",
+    )
+    kafka_sasl_mechanism: Literal["SCRAM-SHA-512", "SCRAM-SHA-256"] = Field(
+        default="SCRAM-SHA-512", description="The SCRAM mechanism of `SASL_SSL`."
+    )
+    kafka_sasl_username: str = Field(default="", description="The SCRAM user of `SASL_SSL`.")
+    kafka_sasl_password: str = Field(
+        default="", description="The SCRAM user's password; the `_FILE` form is preferred and wins."
+    )
+    kafka_sasl_password_file: str = Field(
+        default="",
+        description="A file holding the SCRAM user's password: it keeps the password out of `ps` and the environment.",
+    )
+    kafka_ssl_ca_file: str = Field(
+        default="", description="The CA that signed the brokers' certificates (PEM); empty: the system's."
+    )
+    kafka_ssl_cert_file: str = Field(
+        default="", description="A client certificate (PEM) for mutual TLS with the brokers; set its key too."
+    )
+    kafka_ssl_key_file: str = Field(default="", description="The client certificate's private key (PEM).")
+    redis_url: str = Field(
+        default="redis://127.0.0.1:16379/0",
+        description="Where Redis is: `redis://`, `rediss://` (TLS), `unix://`, or `redis+sentinel://host:port/onceflow/0`, "
+        "which follows a Sentinel failover (docs/redis.md). An ACL user goes in the URL "
+        "(`rediss://onceflow@host:port/0`), its password in `ONCEFLOW_REDIS_PASSWORD(_FILE)`, not in the URL.",
+    )
+    redis_password: str = Field(
+        default="", description="The Redis ACL user's password; the `_FILE` form is preferred and wins."
+    )
+    redis_password_file: str = Field(
+        default="", description="A file holding the Redis password: it keeps it out of `ps` and the environment."
+    )
+    redis_ssl_ca_file: str = Field(
+        default="", description="The CA that signed the Redis server's certificate (`rediss://`); empty: the system's."
+    )
+    redis_wait_replicas: int = Field(
+        default=0,
+        ge=0,
+        description="After each write to a Redis store, `WAIT` until this many replicas have it (0: don't wait). It "
+        "narrows what a failover can lose; what it still loses, the stores' continuity check catches and rebuilds "
+        "from Kafka (docs/redis.md).",
+    )
+    redis_wait_timeout_ms: int = Field(
+        default=1000, ge=0, description="The longest such `WAIT`; a shortfall is logged, not fatal."
+    )
+    topic_prefix: str = Field(
+        default="",
+        description="Prepended to every topic name (and consumer group, transactional id and Redis key), so several "
+        "pipelines, or tests, share one broker.",
+    )
+    transaction_timeout_ms: int = Field(
+        default=10_000,
+        description="Kafka's `transaction.timeout.ms`: how long a killed producer's open transaction can hold readers "
+        "back. Short, so that recovery (and tests) do not crawl; the broker caps it at `transaction.max.timeout.ms`.",
+    )
+    admin_token: str = Field(
+        default="",
+        description="Bearer token for mutating admin calls (Pause, Resume, Drain, ...); empty: they are refused. The "
+        "`_FILE` form is preferred and wins.",
+    )
+    admin_token_file: str = Field(
+        default="", description="A file holding the admin token: it keeps it out of `ps` and the environment."
+    )
+    read_token: str = Field(
+        default="",
+        description="Bearer token for read calls (Status, stats, lookups, Query, reflection); empty: reads are open, "
+        "fine on loopback. Set it before binding beyond (docs/admin.md, Threat model).",
+    )
+    read_token_file: str = Field(
+        default="", description="A file holding the read token: it keeps it out of `ps` and the environment."
+    )
+    tls_cert_file: str = Field(
+        default="",
+        description="The certificate chain (PEM) for TLS on the service's gRPC port, with its key; both empty: "
+        "plaintext, fine on loopback (docs/admin.md).",
+    )
+    tls_key_file: str = Field(default="", description="The private key (PEM) of `ONCEFLOW_TLS_CERT_FILE`.")
+    tls_client_ca_file: str = Field(
+        default="",
+        description="With it, the gRPC port also requires client certificates signed by this CA (mutual TLS).",
+    )
+    log_level: str = Field(
+        default="INFO", description="The least severe level logged: `DEBUG`, `INFO`, `WARNING` or `ERROR`."
+    )
+    processing_guarantee: Literal["exactly_once", "at_least_once"] = Field(
+        default="exactly_once",
+        description="`exactly_once`: every hop commits offsets, state and outputs in one Kafka transaction. "
+        "`at_least_once`: the same pipeline without transactions (outputs flushed, then offsets committed: a crash "
+        "re-sends a batch), to measure what exactly-once costs; a test-only switch, refused without "
+        "`ONCEFLOW_ALLOW_TEST_SWITCHES=1` (docs/decisions/0010).",
+    )
 
     @model_validator(mode="after")
     def _tls_is_complete(self) -> CommonSettings:
@@ -169,25 +220,47 @@ class LoopSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="ONCEFLOW_LOOP_", extra="ignore")
 
-    max_batch_records: int = Field(default=1000, ge=1)
-    # Below max_batch_records the batch bound adapts: it doubles after a full batch and halves
-    # after one under a quarter full, between these two bounds. 0 = fixed at the maximum.
-    min_batch_records: int = Field(default=0, ge=0)
-    # The longest an idle hop waits in one poll for a first record (pause and stop are seen
-    # within it).
-    max_batch_ms: int = Field(default=100, ge=1)
-    # After a first record: how long a hop waits for more before it commits what it has.
-    linger_ms: int = Field(default=5, ge=0)
-    session_timeout_ms: int = Field(default=10_000, ge=1000)
-    # How often a stage's punctuate() runs (timeouts, sweeps), in processing time.
-    punctuate_ms: int = Field(default=1000, ge=10)
-    # Bound on one commit/abort call; past it the outcome is indefinite and the producer is
-    # recreated.
-    commit_timeout_s: float = Field(default=30.0, gt=0)
-    # After a stage fails on a whole batch: the first retry waits this long, each further
-    # consecutive failure doubles it, up to the maximum. The service reports NOT_SERVING meanwhile.
-    retry_backoff_s: float = Field(default=1.0, gt=0)
-    max_retry_backoff_s: float = Field(default=30.0, gt=0)
+    max_batch_records: int = Field(
+        default=1000, ge=1, description="The most records one poll takes into a batch, and so into one transaction."
+    )
+    min_batch_records: int = Field(
+        default=0,
+        ge=0,
+        description="Below `ONCEFLOW_LOOP_MAX_BATCH_RECORDS` the batch bound adapts between the two: it doubles after a "
+        "full batch and halves after one under a quarter full. 0: fixed at the maximum.",
+    )
+    max_batch_ms: int = Field(
+        default=100,
+        ge=1,
+        description="The longest an idle hop waits in one poll for a first record (pause and stop are seen within it).",
+    )
+    linger_ms: int = Field(
+        default=5, ge=0, description="After a first record: how long a hop waits for more before it commits what it has."
+    )
+    session_timeout_ms: int = Field(
+        default=10_000,
+        ge=1000,
+        description="The consumer's `session.timeout.ms`: a member of the group silent this long loses its partitions.",
+    )
+    punctuate_ms: int = Field(
+        default=1000,
+        ge=10,
+        description="How often a stage's `punctuate()` runs (timeouts, sweeps), in processing time.",
+    )
+    commit_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="Bound on one commit or abort call; past it the outcome is indefinite and the producer is recreated.",
+    )
+    retry_backoff_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="After a stage fails on a whole batch, the first retry waits this long and each further "
+        "consecutive failure doubles it. The service reports `NOT_SERVING` meanwhile.",
+    )
+    max_retry_backoff_s: float = Field(
+        default=30.0, gt=0, description="The longest wait between retries of a failing batch."
+    )
 
     @model_validator(mode="after")
     def _batch_bounds(self) -> LoopSettings:

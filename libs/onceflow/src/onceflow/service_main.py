@@ -1,40 +1,28 @@
 """The command line of every service binary (`onceflow-ingest`, `python -m onceflow_acker`, ...).
 
 A service is configured by its environment only, so its command line is small: ``--help`` lists
-the variables it reads with their defaults, ``--print-settings`` the values it would run with
+the variables it reads with their defaults and descriptions (the settings fields' own, as in
+docs/services/*.md: ``onceflow.settings_docs``), ``--print-settings`` the values it would run with
 (secrets masked), ``--version`` prints the version, and anything else is refused rather than ignored (before, ``onceflow-ingest --help`` started the service). Bad
 settings end with exit 2 and one line per variable, not a traceback."""
 
 from __future__ import annotations
 
+import shutil
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 from pydantic_settings import BaseSettings
 
-from onceflow import __version__, logs
+from onceflow import __version__, logs, settings_docs
 
 EXIT_USAGE = 2
 S = TypeVar("S", bound=BaseSettings)
 # A setting whose name holds one of these is shown as set or not, never by value.
 _SECRET_WORDS = ("token", "password", "secret")
-
-
-def settings_help(settings_class: type[BaseSettings]) -> list[tuple[str, str]]:
-    """(variable, default) for every setting of ``settings_class`` and the groups nested in it
-    (common ONCEFLOW_*, loop ONCEFLOW_LOOP_*)."""
-    rows = []
-    prefix = str(settings_class.model_config.get("env_prefix", ""))
-    for name, field in settings_class.model_fields.items():
-        nested = field.annotation if isinstance(field.annotation, type) else None
-        if nested is not None and issubclass(nested, BaseSettings):
-            rows += settings_help(nested)
-        elif not (nested is not None and issubclass(nested, BaseModel)):
-            default = field.get_default(call_default_factory=True)
-            rows.append((f"{prefix}{name.upper()}", "" if default is None else str(default)))
-    return rows
 
 
 def effective_settings(settings: BaseSettings) -> list[tuple[str, str]]:
@@ -66,11 +54,22 @@ def _settings_classes(settings_class: type[BaseSettings]) -> list[type[BaseSetti
     return [settings_class, *(cls for cls in nested if issubclass(cls, BaseSettings))]
 
 
+def _wrapped(text: str, width: int, indent: str = "") -> list[str]:
+    # Whole words only, so that a wrapped description still reads as written (and tests find it).
+    return textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent, break_long_words=False,
+                         break_on_hyphens=False)
+
+
 def _usage(binary: str, description: str, settings_class: type[BaseSettings]) -> str:
-    rows = settings_help(settings_class)
-    width = max(len(variable) for variable, _ in rows)
-    lines = [f"usage: {binary} [--help] [--print-settings] [--version]", "", description, "", "Configured by the environment (default in brackets):"]
-    lines += [f"  {variable.ljust(width)}  [{default}]" for variable, default in rows]
+    width = max(60, min(100, shutil.get_terminal_size((100, 24)).columns))
+    lines = [f"usage: {binary} [--help] [--print-settings] [--version]", "", description, "",
+             "Configured by the environment only (default in brackets)."]
+    for group in settings_docs.groups(settings_class):
+        title = f"{group.name.capitalize()} settings" if group.name else f"{binary} settings"
+        lines += ["", *_wrapped(f"{title} ({group.prefix}*): {settings_docs.plain(group.note)}", width)]
+        for setting in group.settings:
+            lines.append(f"  {setting.variable} [{setting.default}]")
+            lines += _wrapped(settings_docs.plain(setting.description), width, " " * 6)
     return "\n".join(lines)
 
 

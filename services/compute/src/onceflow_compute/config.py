@@ -22,50 +22,108 @@ class EngineName(str, enum.Enum):
 class ComputeSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ONCEFLOW_COMPUTE_", extra="ignore")
 
-    common: CommonSettings = Field(default_factory=CommonSettings)
-    # The merge hop batches as ONCEFLOW_LOOP_* say; the map hop's bounds are below.
-    loop: LoopSettings = Field(default_factory=LoopSettings)
-    # A built-in job (wordcount, usersum, bigspend) or an importable module defining `job`.
-    job: str = "usersum"
-    host: str = "127.0.0.1"
-    port: int = Field(default=15054, ge=0, le=65535)
-    metrics_port: int = Field(default=9104, ge=0, le=65535)
-    # Stable across restarts: the transactional ids derive from it.
-    instance: str = "compute-0"
-    engine: EngineName = EngineName.SPARK
-    # Spark: any master URL (local[*], spark://host:7077, ...). Small-memory defaults.
-    spark_master: str = "local[*]"
-    spark_shuffle_partitions: int = Field(default=2, ge=1)
-    spark_driver_memory: str = "1g"
-    # The Python Spark's executors run. Empty: in local mode this venv's; on a cluster
-    # (spark://...) what Spark picks (PYSPARK_PYTHON, else python3 on the workers).
-    spark_executor_python: str = ""
-    # Any other Spark settings, as JSON ({"spark.cores.max": "1"}): on a shared standalone
-    # cluster each worker is one application, and without spark.cores.max the first takes every
-    # core and the next waits for ever. Through Spark Connect only runtime (SQL) settings apply.
-    spark_conf: dict[str, str] = Field(default_factory=dict)
-    # More JVM options for the Spark driver (the AppCDS archive `make setup` builds is always
-    # used when present). Short-lived workers start faster with "-XX:TieredStopAtLevel=1
-    # -XX:+UseSerialGC" (the fault tests use it); long-lived ones run faster without.
-    spark_java_options: str = ""
-    # A micro-batch Spark has not finished by then is cancelled and fails as a whole: the
-    # service turns NOT_SERVING and retries with backoff, instead of waiting forever for
-    # executors that never come. Below the consumer's max.poll.interval.ms (300 s). 0: never.
-    batch_timeout_s: float = Field(default=120.0, ge=0, le=290)
-    # The map hop's micro-batch: adaptive between these bounds (Spark costs ~0.1-0.2 s per
-    # job in local mode, so big batches amortise it under load; small ones keep latency low).
-    min_batch_records: int = Field(default=500, ge=1)
-    max_batch_records: int = Field(default=20_000, ge=1)
-    max_batch_ms: int = Field(default=200, ge=1)
-    # The map hop's linger after a first record: longer than the other hops' 5 ms, since each
-    # batch costs a Spark job.
-    linger_ms: int = Field(default=20, ge=0)
-    # Engine runs spent finding the records a failing job raises on, per batch.
-    bisect_budget: int = Field(default=64, ge=1)
-    # Event time: how far out of order the input may be (watermark = newest event time seen -
-    # this bound, per partition), and how long a silent partition keeps holding it back.
-    watermark_bound_ms: int = Field(default=5_000, ge=0)
-    idle_timeout_ms: int = Field(default=30_000, ge=1)
+    common: CommonSettings = Field(
+        default_factory=CommonSettings,
+        description="Compute uses the Kafka ones, the topic prefix, the transaction timeout, the tokens, TLS and the "
+        "log level; it needs no Redis.",
+    )
+    loop: LoopSettings = Field(
+        default_factory=LoopSettings,
+        description="The merge hop batches as these say; the map hop's batch bounds are the `ONCEFLOW_COMPUTE_*` ones. "
+        "Both hops back off, time out commits and keep their group sessions by these, and only the merge hop of a "
+        "windowed job with early firings punctuates (for early panes when no partials arrive).",
+    )
+    job: str = Field(
+        default="usersum",
+        description="A built-in job (`auctionbids`, `nexmark_q0` … `nexmark_q5`, `nexmark_q7`, `nexmark_q8`, `wordcount`, "
+        "`usersum`, `bigspend`) or a dotted module path defining `job`; Tilt and compose run `auctionbids`.",
+    )
+    host: str = Field(
+        default="127.0.0.1",
+        description="The address the gRPC and metrics ports bind to (loopback unless you say otherwise).",
+    )
+    port: int = Field(default=15054, ge=0, le=65535, description="The gRPC port: ComputeAdmin, Admin, health, reflection.")
+    metrics_port: int = Field(default=9104, ge=0, le=65535, description="Prometheus `/metrics`; 0 disables it.")
+    instance: str = Field(
+        default="compute-0",
+        description="A name stable across restarts: the transactional ids `onceflow-compute-<job>-map-<instance>` and "
+        "`…-merge-<instance>` derive from it.",
+    )
+    engine: EngineName = Field(
+        default=EngineName.SPARK,
+        description="`spark`, or `pandas`: the benchmark's in-process baseline, for aggregations without `prepare` only.",
+    )
+    spark_master: str = Field(
+        default="local[*]",
+        description="`local[…]`, `spark://…` (classic: the driver in this process) or `sc://host:port` (Spark "
+        "Connect: the driver in the server).",
+    )
+    spark_shuffle_partitions: int = Field(
+        default=2,
+        ge=1,
+        description="`spark.sql.shuffle.partitions` and `spark.default.parallelism` (small batches need few).",
+    )
+    spark_driver_memory: str = Field(default="1g", description="`spark.driver.memory` (a small-memory default).")
+    spark_executor_python: str = Field(
+        default="",
+        description="The Python Spark's executors run. Empty: this venv's in local mode; on a cluster what Spark picks "
+        "(`PYSPARK_PYTHON`, else `python3` on the workers).",
+    )
+    # On a shared standalone cluster each worker is one application, and without spark.cores.max
+    # the first takes every core and the next waits for ever.
+    spark_conf: dict[str, str] = Field(
+        default_factory=dict,
+        description='Any other Spark settings, as JSON (`{"spark.cores.max": "1"}`), applied last; through Spark '
+        "Connect only runtime (SQL) settings take.",
+    )
+    spark_java_options: str = Field(
+        default="",
+        description="More JVM options for the Spark driver (the AppCDS archive `make setup` builds is always used when "
+        "present). Short-lived workers start faster with `-XX:TieredStopAtLevel=1 -XX:+UseSerialGC`; long-lived "
+        "ones run faster without.",
+    )
+    batch_timeout_s: float = Field(
+        default=120.0,
+        ge=0,
+        le=290,
+        description="A Spark micro-batch not finished by then is cancelled and fails as a whole: the service turns "
+        "`NOT_SERVING` and retries with backoff, instead of waiting forever for executors that never come. Below "
+        "the consumer's `max.poll.interval.ms` (300 s); 0: wait forever.",
+    )
+    # Spark costs ~0.1-0.2 s per job in local mode, so big batches amortise it under load; small
+    # ones keep latency low.
+    min_batch_records: int = Field(
+        default=500,
+        ge=1,
+        description="The map hop's batch bound adapts between this and `ONCEFLOW_COMPUTE_MAX_BATCH_RECORDS`: it doubles "
+        "after a full batch and halves after one under a quarter full.",
+    )
+    max_batch_records: int = Field(
+        default=20_000, ge=1, description="The map hop's upper batch bound (at least the lower one, checked at startup)."
+    )
+    max_batch_ms: int = Field(
+        default=200, ge=1, description="The map hop's longest idle wait for a first record in one poll."
+    )
+    linger_ms: int = Field(
+        default=20,
+        ge=0,
+        description="After a first record, how long the map hop waits for more before it runs the batch: longer than "
+        "the other hops' 5 ms, since each batch costs a Spark job.",
+    )
+    bisect_budget: int = Field(
+        default=64, ge=1, description="Engine runs per batch spent finding the records a failing job raises on."
+    )
+    watermark_bound_ms: int = Field(
+        default=5_000,
+        ge=0,
+        description="How far out of order the input may be: a partition's watermark is the newest event time of its "
+        "committed input minus this.",
+    )
+    idle_timeout_ms: int = Field(
+        default=30_000,
+        ge=1,
+        description="A partition silent this long (or since it was assigned) stops holding the worker's watermark back.",
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> ComputeSettings:

@@ -15,29 +15,65 @@ from onceflow_dedup.gate import AckMode
 class DedupSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ONCEFLOW_DEDUP_", extra="ignore")
 
-    common: CommonSettings = Field(default_factory=CommonSettings)
-    loop: LoopSettings = Field(default_factory=LoopSettings)
-    host: str = "127.0.0.1"
-    port: int = Field(default=15053, ge=0, le=65535)
-    metrics_port: int = Field(default=9103, ge=0, le=65535)
-    # Stable across restarts: the transactional.id derives from it.
-    instance: str = "dedup-0"
-    # One Bloom filter per bucket of ingest time; ids are recognised for the horizon.
-    bucket_ms: int = Field(default=60_000, ge=1)
-    horizon_ms: int = Field(default=3_600_000, ge=1)
-    # Sizing: records expected per bucket per partition, and the gate's target false-positive
-    # rate (the share of new records that still cost an exact-store read).
-    expected_per_bucket: int = Field(default=100_000, ge=1)
-    false_positive_rate: float = Field(default=0.001, gt=0, lt=1)
-    # forward: a later stage (compute) acks the record; terminal: the tree ends at the gate;
-    # off: ingest runs without acking.
-    ack_mode: AckMode = AckMode.FORWARD
-    # Key dedup.records by the envelope's grouping key (when it has one) instead of record_id.
-    rekey: bool = True
-    # At most this many ids tombstoned per partition per punctuation (bounds GC transactions).
-    gc_limit: int = Field(default=20_000, ge=1)
-    # Benchmarks only: no filters, every lookup reads the exact store.
-    filters_enabled: bool = True
+    common: CommonSettings = Field(
+        default_factory=CommonSettings,
+        description="The gate's exact store is Redis (`ONCEFLOW_REDIS_*`; a `redis+sentinel://` URL follows a Sentinel "
+        "failover: docs/redis.md); it also uses the Kafka ones, the topic prefix, the transaction timeout, the "
+        "tokens, TLS and the log level.",
+    )
+    loop: LoopSettings = Field(
+        default_factory=LoopSettings,
+        description="The gate's loop over `ingest.records`; every `ONCEFLOW_LOOP_PUNCTUATE_MS` it also drops the buckets "
+        "past the horizon (GC).",
+    )
+    host: str = Field(
+        default="127.0.0.1",
+        description="The address the gRPC and metrics ports bind to (loopback unless you say otherwise).",
+    )
+    port: int = Field(default=15053, ge=0, le=65535, description="The gRPC port: DedupAdmin, Admin, health, reflection.")
+    metrics_port: int = Field(default=9103, ge=0, le=65535, description="Prometheus `/metrics`; 0 disables it.")
+    instance: str = Field(
+        default="dedup-0",
+        description="A name stable across restarts: the transactional.id `onceflow-dedup-<instance>` derives from it.",
+    )
+    bucket_ms: int = Field(
+        default=60_000,
+        ge=1,
+        description="Ids are filed by ingest time in buckets this wide, one Bloom filter per bucket.",
+    )
+    horizon_ms: int = Field(
+        default=3_600_000,
+        ge=1,
+        description="How long, in ingest time, ids are recognised: buckets past it are dropped.",
+    )
+    expected_per_bucket: int = Field(
+        default=100_000, ge=1, description="Filter sizing: records expected per bucket per partition."
+    )
+    false_positive_rate: float = Field(
+        default=0.001,
+        gt=0,
+        lt=1,
+        description="The gate's target false-positive rate: the share of new records that still cost an exact-store "
+        "(Redis) read.",
+    )
+    ack_mode: AckMode = Field(
+        default=AckMode.FORWARD,
+        description="`forward`: a later stage (compute) acks the record; `terminal`: the tree ends at the gate; "
+        "`off`: ingest runs without acking.",
+    )
+    rekey: bool = Field(
+        default=True,
+        description="Key `dedup.records` by the envelope's grouping key (when it has one) instead of `record_id`.",
+    )
+    gc_limit: int = Field(
+        default=20_000,
+        ge=1,
+        description="At most this many ids tombstoned per partition per punctuation (bounds the GC's transactions).",
+    )
+    filters_enabled: bool = Field(
+        default=True,
+        description="`false`: no filters, every lookup reads the exact store (the benchmark's baseline only).",
+    )
 
     @model_validator(mode="after")
     def _spec_is_valid(self) -> DedupSettings:

@@ -14,47 +14,106 @@ RECORD_ID_MAX_BYTES = 256  # part of the contract (docs/services/ingest.md), not
 class IngestSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ONCEFLOW_INGEST_", extra="ignore")
 
-    common: CommonSettings = Field(default_factory=CommonSettings)
-    host: str = "127.0.0.1"
-    port: int = Field(default=15051, ge=0, le=65535)
-    metrics_port: int = Field(default=9101, ge=0, le=65535)
-    # Stable across restarts: the transactional.id derives from it, so a restarted instance
-    # fences its own zombie.
-    instance: str = "ingest-0"
-    # Storm's max.spout.pending: records accepted but not yet committed (later: not yet
-    # processed). Past it, callers get RESOURCE_EXHAUSTED with a retry hint.
-    max_pending: int = Field(default=50_000, ge=1)
-    max_request_records: int = Field(default=10_000, ge=1)
-    # Ingest and IngestStream calls in progress at once (wait=PROCESSED and streams can stay
-    # open for long); past it, RESOURCE_EXHAUSTED. Health and Admin keep threads of their own.
-    max_concurrent_calls: int = Field(default=24, ge=1, le=1024)
-    # One Ingest call or stream message, serialized: gRPC refuses more (RESOURCE_EXHAUSTED)
-    # before ingest reads it.
-    max_request_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024)
-    # Kafka's default message.max.bytes is ~1 MiB; leave room for the envelope and a batch.
-    max_payload_bytes: int = Field(default=256 * 1024, ge=1, le=900 * 1024)
-    max_key_bytes: int = Field(default=4096, ge=1)
-    # Headers are the caller's, copied into the envelope: bounded like the payload.
-    max_headers: int = Field(default=32, ge=0)
-    max_header_key_bytes: int = Field(default=256, ge=1)
-    max_header_value_bytes: int = Field(default=16 * 1024, ge=1)
-    # The whole serialized record, so one record can never make a group commit too large for Kafka.
-    max_record_bytes: int = Field(default=512 * 1024, ge=1, le=900 * 1024)
-    # Group commit: one transaction carries what concurrent callers sent, up to this many.
-    max_transaction_records: int = Field(default=5_000, ge=1)
-    retry_after_ms: int = Field(default=200, ge=1)
-    # Storm-style acking: each record's INIT goes to the acker with the record, in-flight trees
-    # count against max_pending, TIMED_OUT/FAILED trees are replayed. Needs an acker running.
-    acking: bool = True
-    # A tree not fully acked within this is TIMED_OUT and replayed.
-    tree_timeout_ms: int = Field(default=30_000, ge=100)
-    # Attempts per record (1 = never replay); then the record goes to ingest.dlq.
-    max_attempts: int = Field(default=3, ge=1)
-    # How long a wait=PROCESSED call may wait for its trees when the client sets no deadline.
-    processed_wait_s: float = Field(default=120.0, gt=0)
-    shutdown_grace_s: float = Field(default=10.0, ge=0)
+    common: CommonSettings = Field(
+        default_factory=CommonSettings,
+        description="Ingest uses the Kafka ones, the topic prefix, the transaction timeout, the tokens (Ingest, "
+        "IngestStream and health are always open: docs/admin.md), TLS and the log level; it needs no Redis.",
+    )
+    host: str = Field(
+        default="127.0.0.1",
+        description="The address the gRPC and metrics ports bind to (loopback unless you say otherwise).",
+    )
+    port: int = Field(
+        default=15051, ge=0, le=65535, description="The gRPC port: Ingest, IngestStream, Admin, health, reflection."
+    )
+    metrics_port: int = Field(default=9101, ge=0, le=65535, description="Prometheus `/metrics`; 0 disables it.")
+    instance: str = Field(
+        default="ingest-0",
+        description="A name stable across restarts: the transactional.id `onceflow-ingest-<instance>` derives from "
+        "it, so a restarted instance fences its own zombie.",
+    )
+    max_pending: int = Field(
+        default=50_000,
+        ge=1,
+        description="Storm's max.spout.pending: trees in flight (with acking), else records accepted but not yet "
+        "committed. Past it, callers get `RESOURCE_EXHAUSTED` with a retry hint.",
+    )
+    max_request_records: int = Field(
+        default=10_000, ge=1, description="Records per Ingest call, and per IngestStream message."
+    )
+    max_concurrent_calls: int = Field(
+        default=24,
+        ge=1,
+        le=1024,
+        description="Ingest and IngestStream calls in progress at once (wait=PROCESSED and streams can stay open "
+        "for long); past it, `RESOURCE_EXHAUSTED`. Health and Admin keep 8 threads of their own.",
+    )
+    max_request_bytes: int = Field(
+        default=32 * 1024 * 1024,
+        ge=1024,
+        le=256 * 1024 * 1024,
+        description="One Ingest call or stream message, serialized: gRPC refuses more (`RESOURCE_EXHAUSTED`) before "
+        "ingest reads it. The other services keep gRPC's 4 MiB.",
+    )
+    max_payload_bytes: int = Field(
+        default=256 * 1024,
+        ge=1,
+        le=900 * 1024,
+        description="A record's payload. At most 900 KiB: Kafka's default `message.max.bytes` is about 1 MiB, and the "
+        "envelope and a batch need room.",
+    )
+    max_key_bytes: int = Field(default=4096, ge=1, description="A record's key.")
+    max_headers: int = Field(
+        default=32,
+        ge=0,
+        description="Headers per record: they are the caller's, copied into the envelope, so bounded like the payload.",
+    )
+    max_header_key_bytes: int = Field(default=256, ge=1, description="A header's name.")
+    max_header_value_bytes: int = Field(default=16 * 1024, ge=1, description="A header's value.")
+    max_record_bytes: int = Field(
+        default=512 * 1024,
+        ge=1,
+        le=900 * 1024,
+        description="The whole serialized record, headers included, so that one record can never make a group "
+        "commit too large for Kafka.",
+    )
+    max_transaction_records: int = Field(
+        default=5_000,
+        ge=1,
+        description="Group commit: one transaction carries what concurrent callers sent, up to this many records.",
+    )
+    retry_after_ms: int = Field(
+        default=200,
+        ge=1,
+        description="The retry hint sent with `RESOURCE_EXHAUSTED` (trailer `retry-after-ms`).",
+    )
+    acking: bool = Field(
+        default=True,
+        description="Storm-style acking: each record's INIT goes to the acker with the record, trees in flight count "
+        "against `max_pending`, and TIMED_OUT or FAILED trees are replayed; needs an acker running.",
+    )
+    tree_timeout_ms: int = Field(
+        default=30_000, ge=100, description="A tree not fully acked within this is TIMED_OUT and replayed."
+    )
+    max_attempts: int = Field(
+        default=3,
+        ge=1,
+        description="Attempts per record (1: never replay); then the record goes to `ingest.dlq`.",
+    )
+    processed_wait_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="How long a wait=PROCESSED call may wait for its trees when the client sets no deadline.",
+    )
+    shutdown_grace_s: float = Field(
+        default=10.0, ge=0, description="On SIGTERM: how long calls in progress get to commit."
+    )
 
-    loop: LoopSettings = Field(default_factory=LoopSettings)
+    loop: LoopSettings = Field(
+        default_factory=LoopSettings,
+        description="With acking on, the replayer runs on the shared loop: it reads `acker.events` in batches as "
+        "these say and writes the replays.",
+    )
 
     @property
     def transactional_id(self) -> str:

@@ -12,15 +12,31 @@ from onceflow.config import CommonSettings, LoopSettings
 class SinkSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ONCEFLOW_SINK_", extra="ignore")
 
-    common: CommonSettings = Field(default_factory=CommonSettings)
-    loop: LoopSettings = Field(default_factory=LoopSettings)
-    host: str = "127.0.0.1"
-    port: int = Field(default=15055, ge=0, le=65535)
-    metrics_port: int = Field(default=9105, ge=0, le=65535)
-    # Stable across restarts: the transactional.id derives from it.
-    instance: str = "sink-0"
-    # Ack the applied changes' edges (off when nothing tracks the trees).
-    acking: bool = True
+    common: CommonSettings = Field(
+        default_factory=CommonSettings,
+        description="The result tables live in Redis (`ONCEFLOW_REDIS_*`; a `redis+sentinel://` URL follows a Sentinel "
+        "failover: docs/redis.md); the sink also uses the Kafka ones, the topic prefix, the transaction timeout, "
+        "the tokens, TLS and the log level.",
+    )
+    loop: LoopSettings = Field(
+        default_factory=LoopSettings,
+        description="How the sink batches `compute.results` (records per poll, the longest idle wait for a first "
+        "record, the wait for more after it) and backs off while Redis is unavailable.",
+    )
+    host: str = Field(
+        default="127.0.0.1",
+        description="The address the gRPC and metrics ports bind to (loopback unless you say otherwise).",
+    )
+    port: int = Field(default=15055, ge=0, le=65535, description="The gRPC port: Query, Admin, health, reflection.")
+    metrics_port: int = Field(default=9105, ge=0, le=65535, description="Prometheus `/metrics`; 0 disables it.")
+    instance: str = Field(
+        default="sink-0",
+        description="A name stable across restarts: the transactional.id `onceflow-sink-<instance>` derives from it.",
+    )
+    acking: bool = Field(
+        default=True,
+        description="Ack the applied changes' edges to the acker (off when nothing tracks the trees).",
+    )
 
     @property
     def transactional_id(self) -> str:
