@@ -9,7 +9,7 @@ UV := $(TOOLS)/uv-venv/bin/uv
 PY := .venv/bin/python
 ONCEFLOW := .venv/bin/onceflow
 PROTOS := $(wildcard proto/onceflow/v1/*.proto)
-GEN_STAMP := libs/onceflow/src/onceflow/v1/.generated
+GEN_STAMP := libs/onceflow-wire/src/onceflow/v1/.generated
 
 .PHONY: setup venv proto kafka-jars spark-cds redis browser compose-schema console demo test test-cluster test-extended test-fast infra-up infra-down bench soak soak-cluster soak-spark clean
 
@@ -105,6 +105,7 @@ soak-spark: setup
 bench: setup
 	$(ONCEFLOW) bench
 	$(PY) bench/ingest_throughput.py
+	$(PY) bench/client_throughput.py
 	$(PY) bench/acker_throughput.py
 	$(PY) bench/dedup_throughput.py
 	$(PY) bench/sink_apply.py
@@ -115,4 +116,5 @@ bench: setup
 
 clean:
 	-$(ONCEFLOW) infra down
-	rm -rf .onceflow .venv $(TOOLS) libs/onceflow/src/onceflow/v1
+	rm -rf .onceflow .venv $(TOOLS)
+	find libs/onceflow-wire/src/onceflow/v1 -maxdepth 1 -name '*_pb2*' -delete

@@ -33,7 +33,7 @@ from confluent_kafka import Producer
 from rich.console import Console
 from rich.table import Table
 
-from onceflow.client import IngestClient
+from onceflow_client import IngestClient
 from onceflow.codec import encode_envelope, new_id, now_ms
 from onceflow.config import CommonSettings, repo_root
 from onceflow.topology import Topic

@@ -14,7 +14,7 @@ from collections import Counter
 import grpc
 import pytest
 
-from onceflow.client import IngestClient, RetryPolicy
+from onceflow_client import IngestClient, RetryPolicy
 from onceflow.topology import Topic
 from onceflow.v1 import acker_pb2, acker_pb2_grpc, admin_pb2, admin_pb2_grpc, ingest_pb2, ingest_pb2_grpc
 from onceflow.v1.acker_pb2 import TreeEvent

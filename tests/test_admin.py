@@ -22,7 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from onceflow.admin import ClientTLS, channel, fleet
-from onceflow.client import IngestClient
+from onceflow_client import IngestClient
 from onceflow.config import CommonSettings
 from onceflow.kafka.inspect import consumed_everything
 from onceflow.topology import Topic

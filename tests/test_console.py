@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
-from onceflow.client import IngestClient
+from onceflow_client import IngestClient
 from onceflow.config import CommonSettings, repo_root
 from onceflow.v1 import admin_pb2, admin_pb2_grpc
 from onceflow.v1.ingest_pb2 import IngestRecord

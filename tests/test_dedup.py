@@ -17,7 +17,7 @@ import grpc
 import pytest
 from confluent_kafka import Producer
 
-from onceflow.client import IngestClient, RetryPolicy
+from onceflow_client import IngestClient, RetryPolicy
 from onceflow.codec import decode_envelope
 from onceflow.kafka.inspect import consumed_everything
 from onceflow.redis_client import connect

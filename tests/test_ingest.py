@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from onceflow.client import IngestClient, RetryPolicy
+from onceflow_client import IngestClient, RetryPolicy
 from onceflow.topology import Topic
 from onceflow.v1 import admin_pb2, admin_pb2_grpc, ingest_pb2, ingest_pb2_grpc
 from onceflow.v1.ingest_pb2 import IngestRecord

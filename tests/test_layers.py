@@ -1,10 +1,12 @@
-"""Imports flow one way: the runtime core (libs/onceflow) -> the services -> the tools
+"""Imports flow one way: the wire contracts (libs/onceflow-wire) -> the client
+(libs/onceflow-client) -> the runtime core (libs/onceflow) -> the services -> the tools
 (libs/onceflow-tools). Every import counts, also one inside a function: a service image has
 the core and its own package installed and nothing else, so an upward import fails there."""
 
 from __future__ import annotations
 
 import ast
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,6 +39,45 @@ def violations(package_dir: Path, forbidden: set[str]) -> list[str]:
         for line, module in imported(path)
         if module in forbidden
     ]
+
+
+def imported_modules(source: Path) -> Iterator[tuple[int, str]]:
+    """(line, full module name) of every absolute import in the file."""
+    for node in ast.walk(ast.parse(source.read_text(), str(source))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.lineno, node.module
+
+
+# What an application that depends on onceflow-client gets: grpcio, protobuf and the wire
+# contracts; confluent-kafka only with the `tail` extra, for ResultsTail.
+CLIENT_MAY_IMPORT = ("onceflow.v1", "onceflow_client", "grpc", "google.protobuf", "__future__")
+
+
+def client_violations(package_dir: Path) -> list[str]:
+    stdlib = sys.stdlib_module_names
+    found = []
+    for path in sorted(package_dir.rglob("*.py")):
+        for line, module in imported_modules(path):
+            allowed = module.split(".")[0] in stdlib or any(module == m or module.startswith(m + ".") for m in CLIENT_MAY_IMPORT)
+            if not allowed and not (path.name == "tail.py" and module == "confluent_kafka"):
+                found.append(f"{path.relative_to(package_dir.parent)}:{line} imports {module}")
+    return found
+
+
+def test_the_client_needs_grpc_protobuf_and_the_wire_contracts_only() -> None:
+    assert client_violations(ROOT / "libs" / "onceflow-client" / "src" / "onceflow_client") == []
+    wire = ROOT / "libs" / "onceflow-wire" / "src" / "onceflow" / "v1"
+    assert {p.name for p in wire.glob("*.py") if "_pb2" not in p.name} == {"__init__.py"}, "the wire package holds generated code only"
+
+
+def test_the_client_check_can_fail(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "m.py").write_text("import json\nfrom onceflow.config import CommonSettings\nimport confluent_kafka\n")
+    assert client_violations(package) == ["pkg/m.py:2 imports onceflow.config", "pkg/m.py:3 imports confluent_kafka"]
 
 
 def test_the_core_imports_no_service_and_no_tool() -> None:

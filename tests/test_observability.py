@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from onceflow.client import IngestClient
+from onceflow_client import IngestClient
 from onceflow.config import CommonSettings, repo_root
 from onceflow.v1.ingest_pb2 import IngestRecord
 from onceflow_tools.infra.topics import delete_topics, ensure_topics

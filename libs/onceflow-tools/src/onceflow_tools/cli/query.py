@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import itertools
 import json
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, TypeVar
 
 import grpc
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from onceflow.admin.tls import channel
-from onceflow.client import scan_rows
-from onceflow.v1 import sink_pb2, sink_pb2_grpc
+from onceflow.admin.auth import ClientTokens
+from onceflow_client import QueryClient
+from onceflow_client.query import MAX_PAGE
 from onceflow_tools.cli.options import TlsCa, TlsCert, TlsKey, client_tls
 
 app = typer.Typer(no_args_is_help=True, help="Read result tables through the sink's Query API.")
@@ -21,12 +23,19 @@ console = Console()
 Address = Annotated[str, typer.Option("--address", "-a", help="host:port of a sink")]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 TIMEOUT_S = 5.0
+T = TypeVar("T")
 
 
-def _stub_call(address: str, tls_ca: str, tls_cert: str, tls_key: str, call):  # type: ignore[no-untyped-def]
-    with channel(address, client_tls(tls_ca, tls_cert, tls_key)) as chan:
+def _query_call(address: str, tls_ca: str, tls_cert: str, tls_key: str, call: Callable[[QueryClient], T]) -> T:
+    """``call`` on a QueryClient with the read token (ONCEFLOW_READ_TOKEN) and the TLS options."""
+    try:
+        token = ClientTokens().bearer()
+    except ValueError as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from None
+    with QueryClient(address, token, client_tls(tls_ca, tls_cert, tls_key), TIMEOUT_S) as query:
         try:
-            return call(sink_pb2_grpc.QueryStub(chan))
+            return call(query)
         except grpc.RpcError as exc:
             console.print(f"[red]{address}: {exc.code().name}[/]: {exc.details()}")  # type: ignore[attr-defined]
             raise typer.Exit(2) from None
@@ -50,15 +59,14 @@ def get(
     tls_key: TlsKey = "",
 ) -> None:
     """One row; exit 1 when it does not exist."""
-    request = sink_pb2.GetRowRequest(job=job, key=key)
-    reply = _stub_call(address, tls_ca, tls_cert, tls_key, lambda stub: stub.Get(request, timeout=TIMEOUT_S))
+    value = _query_call(address, tls_ca, tls_cert, tls_key, lambda query: query.get(job, key))
     if as_json:
-        typer.echo(json.dumps({"found": reply.found, "value": _text(reply.value)}))
-    elif reply.found:
-        typer.echo(_text(reply.value))
+        typer.echo(json.dumps({"found": value is not None, "value": _text(value or b"")}))
+    elif value is not None:
+        typer.echo(_text(value))
     else:
         console.print(f"no row {key!r} in {job!r}")
-    if not reply.found:
+    if value is None:
         raise typer.Exit(1)
 
 
@@ -75,9 +83,13 @@ def scan(
     tls_key: TlsKey = "",
 ) -> None:
     """Rows in key order: the first --limit found, or with --all the whole table."""
-    most = None if every else limit
-    found = _stub_call(address, tls_ca, tls_cert, tls_key, lambda stub: scan_rows(stub, job, prefix, TIMEOUT_S, most))
-    rows = sorted(found.items())
+    page_size = MAX_PAGE if every else min(limit, MAX_PAGE)
+
+    def read(query: QueryClient) -> dict[str, bytes]:
+        rows = query.scan(job, prefix, page_size)
+        return dict(rows if every else itertools.islice(rows, limit))
+
+    rows = sorted(_query_call(address, tls_ca, tls_cert, tls_key, read).items())
     if as_json:
         typer.echo(json.dumps([{"key": key, "value": _text(value)} for key, value in rows]))
         return

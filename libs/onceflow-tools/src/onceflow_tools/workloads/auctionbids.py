@@ -9,10 +9,9 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-import grpc
 
-from onceflow.client import scan_rows
-from onceflow.v1 import sink_pb2_grpc
+from onceflow.admin.auth import ClientTokens
+from onceflow_client import QueryClient
 from onceflow_tools.workloads import nexmark
 
 JOB = "auctionbids"
@@ -47,6 +46,6 @@ def batch_answer(arrivals: Iterable[nexmark.Event]) -> dict[str, dict]:
 
 def sink_table(address: str, timeout_s: float = 10.0) -> dict[str, dict]:
     """The job's whole result table as the sink serves it, page by page."""
-    with grpc.insecure_channel(address) as channel:
-        rows = scan_rows(sink_pb2_grpc.QueryStub(channel), JOB, timeout_s=timeout_s)
+    with QueryClient(address, ClientTokens().bearer(), timeout_s=timeout_s) as query:
+        rows = query.table(JOB)
     return {key: json.loads(value) for key, value in rows.items()}

@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from onceflow.client import IngestClient
+from onceflow_client import IngestClient
 from onceflow.v1.ingest_pb2 import IngestRecord
 
 

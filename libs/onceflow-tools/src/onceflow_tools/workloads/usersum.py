@@ -12,10 +12,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 
-from onceflow.client import scan_rows
-from onceflow.v1 import sink_pb2_grpc
+from onceflow.admin.auth import ClientTokens
+from onceflow_client import QueryClient
 from onceflow.v1.ingest_pb2 import IngestRecord
 
 JOB = "usersum"
@@ -69,6 +68,6 @@ def batch_answer(keyed: Iterable[KeyedRecord]) -> dict[str, dict]:
 
 def sink_table(address: str, timeout_s: float = 10.0) -> dict[str, dict]:
     """The job's whole result table as the sink serves it, page by page."""
-    with grpc.insecure_channel(address) as channel:
-        rows = scan_rows(sink_pb2_grpc.QueryStub(channel), JOB, prefix="u", timeout_s=timeout_s)
+    with QueryClient(address, ClientTokens().bearer(), timeout_s=timeout_s) as query:
+        rows = query.table(JOB, prefix="u")
     return {key: json.loads(value) for key, value in rows.items()}

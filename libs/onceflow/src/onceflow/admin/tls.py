@@ -11,6 +11,9 @@ from pathlib import Path
 import grpc
 
 from onceflow.config import CommonSettings
+from onceflow_client.tls import ClientTLS, sync_channel
+
+__all__ = ["ClientTLS", "ServerTLS", "channel"]
 
 
 def _read(path: str) -> bytes:
@@ -47,31 +50,6 @@ class ServerTLS:
         )
 
 
-@dataclass(frozen=True)
-class ClientTLS:
-    # Empty: verify the server against the system's roots.
-    ca_file: str = ""
-    # Both set: present this certificate (servers with a client CA require one).
-    cert_file: str = ""
-    key_file: str = ""
-
-    @classmethod
-    def of(cls, ca_file: str = "", cert_file: str = "", key_file: str = "") -> ClientTLS | None:
-        """None (plaintext) when nothing is set, so options and env vars map straight onto it."""
-        if not (ca_file or cert_file or key_file):
-            return None
-        if bool(cert_file) != bool(key_file):
-            raise ValueError("a client certificate needs its key, and a key its certificate")
-        return cls(ca_file, cert_file, key_file)
-
-    def credentials(self) -> grpc.ChannelCredentials:
-        return grpc.ssl_channel_credentials(
-            root_certificates=_read(self.ca_file) if self.ca_file else None,
-            private_key=_read(self.key_file) if self.key_file else None,
-            certificate_chain=_read(self.cert_file) if self.cert_file else None,
-        )
-
-
 def channel(
     address: str, tls: ClientTLS | None = None, options: Sequence[tuple[str, object]] = (), bearer: str | None = None
 ) -> grpc.Channel:
@@ -80,8 +58,5 @@ def channel(
     token) when set."""
     from onceflow.admin.auth import ClientTokens, with_bearer  # auth builds on this module's settings
 
-    if tls is None:
-        chan = grpc.insecure_channel(address, options=options)
-    else:
-        chan = grpc.secure_channel(address, tls.credentials(), options=options)
+    chan = sync_channel(address, tls, options)
     return with_bearer(chan, ClientTokens().bearer() if bearer is None else bearer)

@@ -1,0 +1,175 @@
+"""Following a result table live: ``ResultsTail`` reads the results topic (read_committed, so
+only changes whose transaction committed) and folds each job's changes into a dict, as the
+sink folds them into Redis: an UPSERT sets the row, a RETRACT removes it. It yields each
+change as it folds it, and can stop and resume where it stopped (``snapshot``). Needs the
+``tail`` extra (confluent-kafka)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import uuid
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from onceflow.v1.results_pb2 import ResultChange
+
+RESULTS_TOPIC = "compute.results"
+_OPS = {ResultChange.UPSERT: "+", ResultChange.RETRACT: "-"}
+
+
+def _kafka() -> Any:
+    try:
+        import confluent_kafka
+    except ImportError:  # pragma: no cover - the extra is not installed
+        raise ImportError("ResultsTail reads Kafka: install onceflow-client[tail] (confluent-kafka)") from None
+    return confluent_kafka
+
+
+@dataclass(frozen=True)
+class Change:
+    op: str  # "+" (the row is now value) or "-" (the row is gone)
+    key: str
+    value: bytes
+    partition: int
+    offset: int
+
+
+@dataclass
+class TailSnapshot:
+    """Where a tail stopped: the table it had folded and the next offset per partition."""
+
+    table: dict[str, bytes] = field(default_factory=dict)
+    positions: dict[int, int] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "table": {key: base64.b64encode(value).decode() for key, value in self.table.items()},
+            "positions": {str(p): o for p, o in self.positions.items()},
+        })
+
+    @classmethod
+    def from_json(cls, text: str) -> TailSnapshot:
+        data = json.loads(text)
+        return cls(
+            {key: base64.b64decode(value) for key, value in data["table"].items()},
+            {int(p): int(o) for p, o in data["positions"].items()},
+        )
+
+
+class ResultsTail:
+    """``job``'s table, kept current from the results topic. ``topic_prefix`` is the pipeline's
+    ONCEFLOW_TOPIC_PREFIX; ``kafka_config`` adds librdkafka settings (security, ...)."""
+
+    def __init__(
+        self, bootstrap: str, job: str, topic_prefix: str = "", resume: TailSnapshot | None = None,
+        kafka_config: Mapping[str, str] | None = None,
+    ) -> None:
+        kafka = _kafka()
+        self.job = job
+        self.topic = f"{topic_prefix}{RESULTS_TOPIC}"
+        state = resume or TailSnapshot()
+        self.table: dict[str, bytes] = dict(state.table)
+        self._positions = dict(state.positions)
+        self._consumer = kafka.Consumer({
+            "bootstrap.servers": bootstrap,
+            # Never joins it: partitions are assigned by hand and no offset is committed.
+            "group.id": f"onceflow-results-tail-{uuid.uuid4().hex}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "fetch.wait.max.ms": 100,
+            **dict(kafka_config or {}),
+        })
+        metadata = self._consumer.list_topics(self.topic, timeout=10)
+        topic = metadata.topics.get(self.topic)
+        if topic is None or topic.error is not None or not topic.partitions:
+            self._consumer.close()
+            raise ValueError(f"no topic {self.topic} on {bootstrap}: is the pipeline's topic prefix {topic_prefix!r}?")
+        self.partitions = sorted(topic.partitions)
+        self._consumer.assign([
+            kafka.TopicPartition(self.topic, p, self._positions.get(p, kafka.OFFSET_BEGINNING)) for p in self.partitions
+        ])
+        self._at_end: set[int] = set()
+
+    def close(self) -> None:
+        self._consumer.close()
+
+    def __enter__(self) -> ResultsTail:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def snapshot(self) -> TailSnapshot:
+        return TailSnapshot(dict(self.table), dict(self._positions))
+
+    @property
+    def caught_up(self) -> bool:
+        """Whether the last poll reached the end of every partition's committed changes."""
+        return self._at_end >= set(self.partitions)
+
+    def poll(self, timeout_s: float = 1.0, most: int = 1000) -> list[Change]:
+        """The changes (of this job) that arrived within ``timeout_s``, folded into ``table``."""
+        changes = []
+        for message in self._consumer.consume(num_messages=most, timeout=timeout_s):
+            error = message.error()
+            if error is not None:
+                if error.code() == _kafka().KafkaError._PARTITION_EOF:
+                    self._at_end.add(message.partition())
+                    continue
+                raise RuntimeError(f"reading {self.topic}: {error}")
+            partition, offset = message.partition(), message.offset()
+            self._positions[partition] = offset + 1
+            self._at_end.discard(partition)
+            change = ResultChange.FromString(message.value() or b"")
+            if change.job != self.job or change.op not in _OPS:
+                continue
+            if change.op == ResultChange.UPSERT:
+                self.table[change.key] = change.value
+            else:
+                self.table.pop(change.key, None)
+            changes.append(Change(_OPS[change.op], change.key, change.value, partition, offset))
+        return changes
+
+    def changes(self, idle_timeout_s: float | None = None) -> Iterator[Change]:
+        """Each change as it is folded; forever, or until nothing came for ``idle_timeout_s``."""
+        while True:
+            batch = self.poll(1.0 if idle_timeout_s is None else min(1.0, idle_timeout_s))
+            yield from batch
+            if not batch and idle_timeout_s is not None and self.caught_up:
+                return
+
+
+class AsyncResultsTail:
+    """ResultsTail for asyncio: Kafka is polled on a worker thread, so the loop never blocks."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._tail = ResultsTail(*args, **kwargs)
+
+    @property
+    def table(self) -> dict[str, bytes]:
+        return self._tail.table
+
+    @property
+    def caught_up(self) -> bool:
+        return self._tail.caught_up
+
+    def snapshot(self) -> TailSnapshot:
+        return self._tail.snapshot()
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._tail.close)
+
+    async def poll(self, timeout_s: float = 1.0) -> list[Change]:
+        return await asyncio.to_thread(self._tail.poll, timeout_s)
+
+    async def changes(self, idle_timeout_s: float | None = None) -> AsyncIterator[Change]:
+        while True:
+            batch = await self.poll(1.0 if idle_timeout_s is None else min(1.0, idle_timeout_s))
+            for change in batch:
+                yield change
+            if not batch and idle_timeout_s is not None and self.caught_up:
+                return

@@ -1,0 +1,90 @@
+"""The client's pure parts: what a record may be, how a refusal is reported, what a tail's
+snapshot keeps. Against a pipeline: tests/test_client.py."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from onceflow.v1.ingest_pb2 import IngestRecord
+from onceflow_client import RecordsRejected, TailSnapshot, to_record
+from onceflow_client.ingest import RetryPolicy, _Retries
+
+
+def test_a_dict_a_json_record_and_a_protobuf_are_the_same_record() -> None:
+    as_dict = {"record_id": "o-1", "key": "u1", "payload": {"user": "u1", "amount": 5}, "event_time_ms": 7, "headers": {"h": "v"}}
+    expected = IngestRecord(
+        record_id=b"o-1", key=b"u1", payload=b'{"user":"u1","amount":5}', event_time_ms=7, headers={"h": "v"}
+    )
+    assert to_record(as_dict) == expected
+    assert to_record(json.dumps(as_dict).encode()) == expected
+    assert to_record(expected) is expected
+
+
+@given(st.binary(min_size=1, max_size=64), st.binary(max_size=64), st.binary(max_size=256))
+def test_bytes_fields_pass_through_unchanged(record_id: bytes, key: bytes, payload: bytes) -> None:
+    record = to_record({"record_id": record_id, "key": key, "payload": payload})
+    assert (record.record_id, record.key, record.payload) == (record_id, key, payload)
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "says"),
+    [
+        ({"key": "u1"}, ValueError, "record_id: missing"),
+        ({"record_id": "a", "colour": "red"}, ValueError, "unknown record fields ['colour']"),
+        ({"record_id": 5}, TypeError, "record_id: want str or bytes"),
+        ({"record_id": "a", "event_time_ms": "soon"}, TypeError, "event_time_ms: want an int"),
+        ({"record_id": "a", "headers": {"h": 1}}, TypeError, "headers: want a dict of str to str"),
+        (b"[1, 2]", ValueError, "a JSON record is an object"),
+        (b"{not json", ValueError, "not a JSON record"),
+        (42, TypeError, "a record is an IngestRecord, a dict or JSON bytes"),
+    ],
+)
+def test_a_malformed_record_is_refused_naming_its_field(value: object, error: type[Exception], says: str) -> None:
+    with pytest.raises(error, match=None) as raised:
+        to_record(value)  # type: ignore[arg-type]
+    assert says in str(raised.value)
+
+
+class _Failure(grpc.RpcError):
+    def __init__(self, code: grpc.StatusCode, details: str, trailing: tuple[tuple[str, str], ...] = ()) -> None:
+        self._code, self._details, self._trailing = code, details, trailing
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._trailing
+
+
+def test_an_invalid_argument_names_the_record_and_is_not_retried() -> None:
+    records = [IngestRecord(record_id=b"ok"), IngestRecord(record_id=b"x" * 300)]
+    failure = _Failure(grpc.StatusCode.INVALID_ARGUMENT, "records[1].record_id: 300 bytes, at most 256")
+    with pytest.raises(RecordsRejected) as raised:
+        _Retries(RetryPolicy()).next_wait(failure, records)
+    [rejection] = raised.value.rejections
+    assert (rejection.index, rejection.field, rejection.record_id) == (1, "record_id", b"x" * 300)
+    assert rejection.message == "300 bytes, at most 256"
+
+
+def test_retriable_codes_back_off_honour_retry_after_and_give_up() -> None:
+    retries = _Retries(RetryPolicy(max_attempts=3, backoff_s=0.1, max_backoff_s=0.15))
+    busy = _Failure(grpc.StatusCode.RESOURCE_EXHAUSTED, "full", (("retry-after-ms", "500"),))
+    assert retries.next_wait(busy, []) == 0.5
+    assert retries.next_wait(_Failure(grpc.StatusCode.UNAVAILABLE, "restarting"), []) == 0.15
+    with pytest.raises(grpc.RpcError):
+        retries.next_wait(_Failure(grpc.StatusCode.UNAVAILABLE, "restarting"), [])
+    with pytest.raises(grpc.RpcError):
+        _Retries(RetryPolicy()).next_wait(_Failure(grpc.StatusCode.PERMISSION_DENIED, "no"), [])
+
+
+def test_a_tail_snapshot_survives_json() -> None:
+    snapshot = TailSnapshot({"u1": b'{"total":5}', "<b>": b"\x00\xff"}, {0: 12, 3: 7})
+    assert TailSnapshot.from_json(snapshot.to_json()) == snapshot
