@@ -16,7 +16,7 @@ from onceflow.config import CommonSettings, repo_root
 
 
 def _isolate_xdist_worker() -> None:
-    """Under pytest-xdist (``make test`` runs two workers), worker N > 0 gets a Kafka and a Redis
+    """Under pytest-xdist (``make test`` runs three workers), worker N > 0 gets a Kafka and a Redis
     of its own: its own home and ports, N hundred above the defaults. Tests that restart the
     broker or Redis then never pull them from under the other worker's tests. Set before any
     settings are read, so the services these tests start inherit it too."""
@@ -60,7 +60,7 @@ SHORT_LIVED_COMPUTE = {"ONCEFLOW_COMPUTE_SPARK_JAVA_OPTIONS": "-XX:TieredStopAtL
 
 
 def _weight(item: pytest.Item) -> int:
-    """Longest first, so two workers finish close together: campaigns on a cluster of their own,
+    """Longest first, so the workers finish close together: campaigns on a cluster of their own,
     then verify campaigns, then other fault tests, then the rest."""
     marks = {mark.name for mark in item.iter_markers()}
     for rank, mark in enumerate(("cluster", "verify", "fault", "spark_cluster", "integration")):

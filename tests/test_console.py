@@ -1,10 +1,12 @@
 """The operations console in a real browser (Debian's Chromium, driven by Playwright) against a
 running pipeline with a steady workload: the live graph, a gate killed with -9 and a sink that
 hangs, a record's completed tree, a result table paged to its end, and admin actions that need
-the token. Screenshots go to the test's temporary folder."""
+the token. Screenshots go to the test's temporary folder. The same pipeline serves the Grafana
+dashboard's live check: every metric it queries is scraped from the running services."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import threading
 import urllib.parse
@@ -25,6 +27,7 @@ from onceflow_tools.infra.topics import delete_topics, ensure_topics
 from onceflow_tools.verify.supervisor import SERVICES, Supervisor
 from onceflow_tools.workloads import usersum
 from tests.conftest import SHORT_LIVED_COMPUTE, TEST_SESSION_TIMEOUT_MS, eventually
+from tests.test_observability import dashboard_metrics, sample, scrape
 from tests.harness.process import ServiceProcess, free_port
 
 pytestmark = [pytest.mark.console, pytest.mark.integration, pytest.mark.xdist_group("console")]
@@ -50,6 +53,7 @@ class Running:
     url: str
     log_dir: Path
     known_record: str
+    metrics_ports: dict[str, int]
 
 
 def _status(address: str) -> admin_pb2.StatusReply:
@@ -73,8 +77,10 @@ def running(infra: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[R
     prefix = f"t{uuid.uuid4().hex[:10]}."
     common = CommonSettings(topic_prefix=prefix)
     ensure_topics(common.kafka_bootstrap, prefix=prefix)
+    metrics_ports = {name: free_port() for name in SERVICES}
     supervisor = Supervisor(
         prefix, log_dir,
+        settings={name: {"METRICS_PORT": str(port)} for name, port in metrics_ports.items()},
         env={
             "ONCEFLOW_KAFKA_BOOTSTRAP": common.kafka_bootstrap, "ONCEFLOW_LOOP_SESSION_TIMEOUT_MS": str(TEST_SESSION_TIMEOUT_MS),
             "ONCEFLOW_ADMIN_TOKEN": ADMIN_TOKEN, **SHORT_LIVED_COMPUTE,
@@ -118,7 +124,7 @@ def running(infra: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[R
                         pass
 
         threading.Thread(target=steady_load, name="load", daemon=True).start()
-        yield Running(supervisor, console, url, log_dir, known_record=first[0].record_id.decode())
+        yield Running(supervisor, console, url, log_dir, first[0].record_id.decode(), metrics_ports)
     finally:
         stop.set()
         if console is not None:
@@ -154,6 +160,24 @@ def _rates(page: Page) -> tuple[str, ...]:
         page.locator(f'[data-node="{name}"] [data-field="{field}"]').inner_text()
         for name in SERVICES for field in ("in_per_s", "out_per_s")
     )
+
+
+def test_every_dashboard_metric_shows_up_in_a_live_scrape(running: Running) -> None:
+    """Each service counts what it took in, the sink what it applied, compute the record that is
+    not JSON as a dead letter, and every metric the Grafana dashboard queries is served."""
+    def applied_and_dead_lettered() -> dict[str, str] | None:
+        texts = {name: scrape(port) for name, port in running.metrics_ports.items()}
+        done = sample(texts["sink"], "onceflow_records_out_total", service="sink") > 0
+        lettered = sample(texts["compute"], "onceflow_dead_letters_total", service="compute") >= 1
+        return texts if done and lettered else None
+
+    texts = eventually(applied_and_dead_lettered, 180, "the sink's first applies and compute's dead letter")
+    for name in SERVICES:
+        assert sample(texts[name], "onceflow_records_in_total", service=name) > 0, (name, texts[name][-3000:])
+    served = {m for text in texts.values() for m in re.findall(r"^# TYPE (onceflow_[a-z_]+) ", text, re.M)}
+    missing = {metric for metric in dashboard_metrics() if metric not in served and metric + "_total" not in served}
+    assert not missing, f"the dashboard queries metrics no service serves: {sorted(missing)}"
+    assert sample(texts["acker"], "onceflow_acker_trees_total", outcome="completed") > 0, texts["acker"][-3000:]
 
 
 def test_the_pipeline_view_shows_five_healthy_services_with_rates_that_move(page: Page, running: Running, tmp_path: Path) -> None:

@@ -26,13 +26,19 @@ from onceflow.config import repo_root
 _FREE_PORTS = range(20000, 32700)
 
 
+_handed_out: set[int] = set()
+
+
 def free_port(span: int = 1) -> int:
     """The first of ``span`` consecutive ports nothing is bound to now, for a service started
     next (tests, benches, the demo). A span covers a component that takes the next ports too
     (a Redis replica on the primary's + 1)."""
     for _ in range(500):
         first = random.randrange(_FREE_PORTS.start, _FREE_PORTS.stop - span)
-        if all(_bindable(port) for port in range(first, first + span)):
+        ports = range(first, first + span)
+        # Nothing binds a port until its service starts: never hand one out twice in a process.
+        if not _handed_out.intersection(ports) and all(_bindable(port) for port in ports):
+            _handed_out.update(ports)
             return first
     raise RuntimeError(f"no {span} free consecutive port(s) in {_FREE_PORTS}")
 

@@ -40,7 +40,7 @@ def effective_settings(settings: BaseSettings) -> list[tuple[str, str]]:
 
 
 def _shown(name: str, value: object) -> str:
-    text = "" if value is None else str(value)
+    text = settings_docs.env_value(value)  # as one would set it: true, forward, not True or AckMode.FORWARD
     if any(word in name.lower() for word in _SECRET_WORDS):
         return "(set, hidden)" if text else ""
     if "://" in text and "@" in text:  # redis://user:password@host

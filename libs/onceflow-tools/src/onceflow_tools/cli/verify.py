@@ -43,6 +43,9 @@ def verify(
     ),
     fault_every: float = typer.Option(10.0, help="Seconds between faults."),
     resend_ratio: float = typer.Option(0.05, help="Share of batches a client sends twice (client retries)."),
+    late_resends: bool = typer.Option(
+        True, help="Send earlier batches again after each fault and at the end (what exposes a dedup id Redis lost). Off, nothing re-delivers what a broken build lost."
+    ),
     clients: int = typer.Option(4, help="Concurrent clients."),
     seed: int = typer.Option(1, help="Seed of the workload and of the fault schedule."),
     workload: str = typer.Option("nexmark", help="nexmark (job auctionbids) or keyed-count (job usersum)."),
@@ -76,7 +79,7 @@ def verify(
         options = campaign.CampaignOptions(
             records=records, rate=rate, duration_s=parse_duration(duration),
             faults=tuple(f.strip() for f in faults.split(",") if f.strip()), fault_every_s=fault_every,
-            resend_ratio=resend_ratio, clients=clients, seed=seed, settle_s=settle, sabotage=sabotage, keep=keep,
+            resend_ratio=resend_ratio, late_resends=late_resends, clients=clients, seed=seed, settle_s=settle, sabotage=sabotage, keep=keep,
             workload=workload, users=users,
         )
     except ValueError as exc:

@@ -65,12 +65,8 @@ class Supervisor:
     def start_all(self, timeout_s: float = 180.0) -> None:
         # All at once, then wait for each: the services meet only through Kafka, so none needs
         # another up to start, and their starts (Spark's above all) overlap.
-        ports: set[int] = set()
         for name in SERVICES:
-            while (port := free_port()) in ports:  # none is bound yet: the OS may offer one twice
-                pass
-            ports.add(port)
-            address = f"127.0.0.1:{port}"
+            address = f"127.0.0.1:{free_port()}"
             self.instances[name] = Instance(self._new(name, address).start(), address)
         for instance in self.instances.values():
             instance.process.wait_healthy(instance.address, timeout_s)
