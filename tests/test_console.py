@@ -155,10 +155,13 @@ def _health(page: Page, name: str) -> str:
     return page.locator(f'[data-node="{name}"] [data-field="health"]').first.inner_text()
 
 
-def _rates(page: Page) -> tuple[str, ...]:
-    return tuple(
-        page.locator(f'[data-node="{name}"] [data-field="{field}"]').inner_text()
-        for name in SERVICES for field in ("in_per_s", "out_per_s")
+def _rates(page: Page) -> tuple[int, list[str]]:
+    """The page's update count and every node's two rates, read in one go: between separate reads
+    an update can land and tear them."""
+    return page.evaluate(
+        """() => [Number(document.body.dataset.updates || 0),
+                  [...document.querySelectorAll('[data-node] [data-field="in_per_s"], [data-node] [data-field="out_per_s"]')]
+                    .map((element) => element.textContent)]"""
     )
 
 
@@ -186,9 +189,10 @@ def test_the_pipeline_view_shows_five_healthy_services_with_rates_that_move(page
     eventually(lambda: all(_health(page, name) == "SERVING" for name in SERVICES), 60, "five serving nodes")
     eventually(lambda: page.locator('[data-node="ingest"] [data-field="in_per_s"]').inner_text() not in ("0", "0.0"), 60,
                "ingest's rate above zero")
-    first, updates = _rates(page), int(page.evaluate("document.body.dataset.updates || 0"))
-    eventually(lambda: _rates(page) != first, 30, "the rates to change between two reads")
-    assert int(page.evaluate("document.body.dataset.updates")) > updates
+    updates, first = _rates(page)
+    assert len(first) == 2 * len(SERVICES), first
+    later = eventually(lambda: (read := _rates(page))[1] != first and read, 30, "the rates to change between two reads")
+    assert later[0] > updates, f"the rates changed without an update from the stream: {first} -> {later[1]}"
     assert page.evaluate("window.notReloaded") is True, "the page reloaded instead of updating live"
     eventually(lambda: page.locator("#live").inner_text() == "live", 10, "the event stream connected")
     assert page.locator("svg path.edge").count() == 8
