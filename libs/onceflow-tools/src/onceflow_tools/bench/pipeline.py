@@ -4,8 +4,10 @@
 - **Sustainable rate**: a backlog pushed through ingest as fast as the clients can; the rate at
   which trees complete between 10% and 90% of it (so neither the start nor the tail counts).
   Meanwhile each service's own rate: what its consumer group committed per second while busy.
-- **Latency sweep**: records offered at fixed rates for a few seconds each; per record, the
-  client sends it -> its tree completed (applied in the sink and acked), p50 and p99."""
+- **Latency sweep**: records offered at fixed rates for a few seconds each, two figures from the
+  same run: per record, client send -> its tree COMPLETED (the acker's view; today a tree ends
+  at compute's map hop, issue 20), and, for one record in ``PROBE_EVERY``, client send -> its row
+  visible through Query, polled by the bench itself (``bench/visibility.py``)."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from onceflow.redis_client import connect, delete_prefix
 from onceflow.v1 import admin_pb2, admin_pb2_grpc
 from onceflow_tools.bench import workload
 from onceflow_tools.bench.trees import TreeLog
+from onceflow_tools.bench.visibility import VisibilityProbes, probe_user
 from onceflow_tools.infra.topics import delete_topics, ensure_topics
 from onceflow_tools.verify.supervisor import Supervisor
 from onceflow_tools.workloads.senders import Senders
@@ -32,6 +35,8 @@ from onceflow_tools.workloads.senders import Senders
 log = logging.getLogger(__name__)
 
 GUARANTEES = ("exactly_once", "at_least_once")
+# One record in this many of a sweep step is a visibility probe (a user of its own).
+PROBE_EVERY = 50
 
 
 @dataclass(frozen=True)
@@ -54,8 +59,12 @@ class RatePoint:
     offered: float
     achieved: float
     records: int
-    p50_ms: float
+    p50_ms: float  # client send -> tree COMPLETED
     p99_ms: float
+    # Client send -> the row visible through Query.Get/Scan, over the step's probes.
+    visible_p50_ms: float = 0.0
+    visible_p99_ms: float = 0.0
+    probes: int = 0
 
 
 @dataclass
@@ -82,6 +91,7 @@ class PipelineRun:
             env={"ONCEFLOW_PROCESSING_GUARANTEE": guarantee, "ONCEFLOW_ALLOW_TEST_SWITCHES": "1"},
         )
         self.trees = TreeLog(self.common)
+        self.visible_latencies: list[float] = []  # the last send's probes, ms
 
     def __enter__(self) -> PipelineRun:
         ensure_topics(self.common.kafka_bootstrap, prefix=self.prefix)
@@ -101,19 +111,42 @@ class PipelineRun:
         delete_topics(self.common.kafka_bootstrap, prefix=self.prefix)
         delete_prefix(connect(self.common.redis_url), self.prefix)
 
-    def send(self, id_prefix: str, count: int, rate: float, faulty: bool = False) -> tuple[list[float], list[float]]:
+    def send(
+        self, id_prefix: str, count: int, rate: float, faulty: bool = False, probe_every: int = 0
+    ) -> tuple[list[float], list[float]]:
         """``count`` records offered at ``rate`` (0: as fast as ingest takes them), once all
         their trees completed: when each completed and its latency (client send -> completed),
-        in ms. A service that exits fails the run, unless ``faulty`` (faults are being injected):
-        then it is restarted, as a supervisor would."""
+        in ms. With ``probe_every``, one record in that many is a visibility probe (see
+        ``visible_latencies``). A service that exits fails the run, unless ``faulty`` (faults
+        are being injected): then it is restarted, as a supervisor would."""
         records = workload.ingest_records(count, self.options.users, id_prefix)
+        probes: dict[bytes, str] = {}
+        for index in range(0, count, probe_every) if probe_every else ():
+            user = probe_user(id_prefix, index)
+            records[index].key = user.encode()
+            records[index].payload = f'{{"user": "{user}", "amount": 1}}'.encode()
+            probes[records[index].record_id] = user
+        watcher = VisibilityProbes(self.supervisor.address("sink"), id_prefix, len(probes))
+        if probes:
+            watcher.start()
         senders = Senders(self.supervisor.address("ingest"), records, self.options.batch, self.options.clients, 0.0, 1, rate)
         senders.start()
+        try:
+            return self._until_completed(id_prefix, count, senders, faulty, probes, watcher)
+        finally:
+            if probes:
+                watcher.stop()
+
+    def _until_completed(
+        self, id_prefix: str, count: int, senders: Senders, faulty: bool, probes: dict[bytes, str],
+        watcher: VisibilityProbes,
+    ) -> tuple[list[float], list[float]]:
         deadline = None
         while True:
             done = self.trees.completions(id_prefix)
-            if len(done) >= count and deadline is not None:
+            if len(done) >= count and deadline is not None and len(watcher.visible_at_ms) >= len(probes):
                 sent = senders.sent_at_ms()
+                self.visible_latencies = [watcher.visible_at_ms[user] - sent[record_id] for record_id, user in probes.items()]
                 return (
                     sorted(c.decided_at_ms for c in done.values()),
                     [c.decided_at_ms - sent[record_id.encode()] for record_id, c in done.items()],
@@ -123,7 +156,9 @@ class PipelineRun:
             if deadline is None and not senders.running():
                 deadline = time.monotonic() + self.options.drain_timeout_s
             if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"{id_prefix}: {len(done):,} of {count:,} trees completed")
+                raise TimeoutError(
+                    f"{id_prefix}: {len(done):,} of {count:,} trees completed, {len(watcher.visible_at_ms)} of {len(probes)} probes visible"
+                )
             for name in self.supervisor.restart_exited():
                 if not faulty:
                     raise RuntimeError(f"{name} exited during the bench (see {self.options.log_dir})")
@@ -194,11 +229,17 @@ def run_mode(
         for index, rate in enumerate(rates(result.sustainable)):
             count = max(int(rate * options.step_s), 1)
             note(f"{guarantee}: offering {rate:,.0f} records/s for {options.step_s:.0f} s")
-            times, latencies = run.send(f"step{index}:", count, rate)
+            times, latencies = run.send(f"step{index}:", count, rate, probe_every=PROBE_EVERY)
+            visible = run.visible_latencies
             result.sweep.append(RatePoint(
                 offered=rate, achieved=len(times) / max((times[-1] - times[0]) / 1000, 1e-3), records=len(times),
                 p50_ms=percentile(latencies, 50), p99_ms=percentile(latencies, 99),
+                visible_p50_ms=percentile(visible, 50), visible_p99_ms=percentile(visible, 99), probes=len(visible),
             ))
-            note(f"{guarantee}: {rate:,.0f}/s offered: p50 {result.sweep[-1].p50_ms:.0f} ms, p99 {result.sweep[-1].p99_ms:.0f} ms")
+            point = result.sweep[-1]
+            note(
+                f"{guarantee}: {rate:,.0f}/s offered: completed p50 {point.p50_ms:.0f} / p99 {point.p99_ms:.0f} ms; "
+                f"visible p50 {point.visible_p50_ms:.0f} / p99 {point.visible_p99_ms:.0f} ms ({point.probes} probes)"
+            )
         result.failed_trees = run.trees.failed
     return result

@@ -1,7 +1,7 @@
-"""Every tree decision on ``acker.events``, as it commits: when a record's tree completes, its
-effect has been applied in the sink (the sink acks the last edges after its Redis write), so a
-record's client send -> COMPLETED decision is its end-to-end latency, plus the last ack's trip to
-the acker."""
+"""Every tree decision on ``acker.events``, as it commits: a record's client send -> COMPLETED,
+the acker's view of its latency. Today a tree ends at compute's map hop (its ack has no
+children; issue 20), so COMPLETED does not yet include the merge hop or the sink: the bench
+measures send -> row visible separately, with probes (``visibility.py``)."""
 
 from __future__ import annotations
 
