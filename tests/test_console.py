@@ -172,15 +172,16 @@ def test_every_dashboard_metric_shows_up_in_a_live_scrape(running: Running) -> N
         texts = {name: scrape(port) for name, port in running.metrics_ports.items()}
         done = sample(texts["sink"], "onceflow_records_out_total", service="sink") > 0
         lettered = sample(texts["compute"], "onceflow_dead_letters_total", service="compute") >= 1
-        return texts if done and lettered else None
+        # The acker decides a tree a moment after the hops commit it: wait for the first too.
+        decided = sample(texts["acker"], "onceflow_acker_trees_total", outcome="completed") > 0
+        return texts if done and lettered and decided else None
 
-    texts = eventually(applied_and_dead_lettered, 180, "the sink's first applies and compute's dead letter")
+    texts = eventually(applied_and_dead_lettered, 180, "the sink's first applies, compute's dead letter and a completed tree")
     for name in SERVICES:
         assert sample(texts[name], "onceflow_records_in_total", service=name) > 0, (name, texts[name][-3000:])
     served = {m for text in texts.values() for m in re.findall(r"^# TYPE (onceflow_[a-z_]+) ", text, re.M)}
     missing = {metric for metric in dashboard_metrics() if metric not in served and metric + "_total" not in served}
     assert not missing, f"the dashboard queries metrics no service serves: {sorted(missing)}"
-    assert sample(texts["acker"], "onceflow_acker_trees_total", outcome="completed") > 0, texts["acker"][-3000:]
 
 
 def test_the_pipeline_view_shows_five_healthy_services_with_rates_that_move(page: Page, running: Running, tmp_path: Path) -> None:
