@@ -215,11 +215,11 @@ def build(console: Console) -> Starlette:
         except CallFailed as exc:
             status = 400 if exc.code == "INVALID_ARGUMENT" else 503
             return problem(request, status, f"scan refused by {exc}")
-        known, _ = await _jobs()
-        unknown = bool(known) and job not in {j["name"] for j in known}
-        if unknown and not reply.rows and not token:
-            names = ", ".join(j["name"] for j in known)
-            return problem(request, 404, f"no job named {job!r} (compute knows {names})")
+        if not reply.rows and not token:  # an empty first page: is there such a job at all?
+            known, _ = await _jobs()
+            if known and job not in {j["name"] for j in known}:
+                names = ", ".join(j["name"] for j in known)
+                return problem(request, 404, f"no job named {job!r} (compute knows {names})")
         rows = [{"key": r.key, "value": r.value.decode("utf-8", "replace")} for r in reply.rows]
         return page(
             request, "table.html", job=job, prefix=prefix, limit=limit, rows=rows, first=not token,

@@ -18,7 +18,7 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
 from onceflow.admin import fleet
-from onceflow.admin.fleet import DOWN, Endpoint, ServiceStatus
+from onceflow.admin.fleet import DOWN, SERVING, Endpoint, ServiceStatus
 from onceflow.admin.tls import ClientTLS
 from onceflow.v1 import (
     acker_pb2,
@@ -32,7 +32,6 @@ from onceflow_tools.console.grpc_calls import read_bearer
 
 log = logging.getLogger(__name__)
 
-SERVING = "SERVING"
 # The pipeline's services in the order a record meets them (the acker beside them all).
 PIPELINE = ("ingest", "dedup", "compute", "sink", "acker")
 

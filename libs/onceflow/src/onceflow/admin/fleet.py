@@ -22,6 +22,7 @@ from onceflow.config import repo_root
 from onceflow.v1 import admin_pb2, admin_pb2_grpc
 
 DOWN = "DOWN"
+SERVING = "SERVING"
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class ServiceStatus:
 
     @property
     def serving(self) -> bool:
-        return self.health == "SERVING" and self.status is not None
+        return self.health == SERVING and self.status is not None
 
 
 def services_file() -> Path:
