@@ -17,6 +17,7 @@ import pytest
 import yaml
 from pydantic_settings import BaseSettings
 
+from onceflow import topology
 from onceflow.config import repo_root
 
 pytestmark = pytest.mark.devex
@@ -61,7 +62,7 @@ def docker_targets() -> set[str]:
 
 def test_every_service_is_deployable_everywhere() -> None:
     services = packages()
-    assert services == {"ingest", "acker", "dedup", "compute", "sink"}
+    assert services == {service.name for service in topology.SERVICES}
     assert set(registered()) == services
     assert set(compose()) - INFRA_SERVICES == services
     assert {n for n, block in tilt_resources().items() if "labels=['pipeline']" in block} == services
@@ -77,6 +78,7 @@ def test_every_service_is_deployable_everywhere() -> None:
 def test_ports_agree_with_the_settings_defaults(service: str) -> None:
     fields = settings_class(service).model_fields
     port, metrics_port = fields["port"].default, fields["metrics_port"].default
+    assert (port, metrics_port) == (topology.service(service).grpc_port, topology.service(service).metrics_port)
     assert registered()[service] == port
     env = {k: str(v) for k, v in compose()[service]["environment"].items()}
     prefix = f"ONCEFLOW_{service.upper()}_"

@@ -8,6 +8,7 @@ import subprocess
 
 import pytest
 
+from onceflow import topology
 from onceflow.config import repo_root
 from onceflow_tools.infra.plumbing import port_open
 from tests.conftest import eventually
@@ -16,8 +17,8 @@ pytestmark = [pytest.mark.devex, pytest.mark.integration]
 
 ROOT = repo_root()
 TILT = ROOT / ".tools" / "bin" / "tilt"
-PIPELINE_PORTS = (15051, 15052, 15053, 15054, 15055)
-METRICS_PORTS = (9101, 9102, 9103, 9104, 9105)
+PIPELINE_PORTS = tuple(service.grpc_port for service in topology.SERVICES)
+METRICS_PORTS = tuple(service.metrics_port for service in topology.SERVICES)
 
 
 def wait_pipeline_gone() -> None:

@@ -64,3 +64,11 @@ def test_describe_names_every_hop() -> None:
 
 def test_architecture_doc_shows_the_topology() -> None:
     assert topology.describe() in (ROOT / "docs" / "architecture.md").read_text()
+
+
+def test_every_hop_runs_in_a_declared_service_and_no_two_services_share_a_port() -> None:
+    names = {service.name for service in topology.SERVICES}
+    assert {hop.service for hop in HOPS} == names
+    ports = [port for service in topology.SERVICES for port in (service.grpc_port, service.metrics_port)]
+    assert len(ports) == len(set(ports))
+    assert topology.service("sink").address() == "127.0.0.1:15055"

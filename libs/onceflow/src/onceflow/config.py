@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from onceflow.topology import LOCALHOST, Service, hops_of
 
 
 def repo_root() -> Path:
@@ -270,3 +272,33 @@ class LoopSettings(BaseSettings):
                 f"ONCEFLOW_LOOP_MAX_BATCH_RECORDS ({self.max_batch_records})"
             )
         return self
+
+
+# Where a service listens and what it is called: the same four settings in every service, declared
+# through these so that their defaults come from `onceflow.topology.SERVICES` and their
+# descriptions and bounds are written once.
+
+
+def host_setting() -> Any:
+    return Field(
+        default=LOCALHOST,
+        description="The address the gRPC and metrics ports bind to (loopback unless you say otherwise).",
+    )
+
+
+def grpc_port_setting(service: Service) -> Any:
+    apis = ", ".join((*service.apis, "Admin", "health", "reflection"))
+    return Field(default=service.grpc_port, ge=0, le=65535, description=f"The gRPC port: {apis}.")
+
+
+def metrics_port_setting(service: Service) -> Any:
+    return Field(default=service.metrics_port, ge=0, le=65535, description="Prometheus `/metrics`; 0 disables it.")
+
+
+def instance_setting(service: Service) -> Any:
+    ids = [f"`{hop.transactional_id('', '<instance>', job='<job>')}`" for hop in hops_of(service.name)]
+    named = f"the transactional.id {ids[0]} derives" if len(ids) == 1 else f"the transactional ids {' and '.join(ids)} derive"
+    return Field(
+        default=f"{service.name}-0",
+        description=f"A name stable across restarts: {named} from it, so a restarted instance fences its own zombie.",
+    )

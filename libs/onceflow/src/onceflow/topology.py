@@ -5,6 +5,10 @@ module says who uses it. `libs/onceflow/tests/test_topology.py` checks that the 
 same topics, that every changelog has its input's partitions, that every hop's input is written
 by a hop before it, and that docs/topics.md's table lists them all. Services, the verifier and
 the benchmarks name topics, consumer groups and transactional ids only through here.
+
+It also says where each service listens by default (`SERVICES`): the services' settings take
+their port defaults from here, the CLI its default addresses, and `tests/test_deploy_config.py`
+checks infra/services.toml, the Tiltfile, docker-compose.yml and the Dockerfile against it.
 """
 
 from __future__ import annotations
@@ -94,3 +98,34 @@ def describe() -> str:
         state = f"; state {hop.changelog}" if hop.changelog else ""
         lines.append(f"{hop.name}: {source} -> {targets}{state}; dead letters {hop.dlq}")
     return "\n".join(lines)
+
+
+LOCALHOST = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class Service:
+    """One deployable service and where it listens unless configured otherwise."""
+
+    name: str
+    grpc_port: int  # Admin, health, reflection and the service's own APIs
+    metrics_port: int  # Prometheus /metrics
+    apis: tuple[str, ...]  # its own gRPC services, besides Admin, health and reflection
+
+    def address(self, host: str = LOCALHOST) -> str:
+        return f"{host}:{self.grpc_port}"
+
+
+INGEST_SERVICE = Service("ingest", 15051, 9101, ("Ingest", "IngestStream"))
+ACKER_SERVICE = Service("acker", 15052, 9102, ("AckerAdmin",))
+DEDUP_SERVICE = Service("dedup", 15053, 9103, ("DedupAdmin",))
+COMPUTE_SERVICE = Service("compute", 15054, 9104, ("ComputeAdmin",))
+SINK_SERVICE = Service("sink", 15055, 9105, ("Query",))
+SERVICES: tuple[Service, ...] = (INGEST_SERVICE, ACKER_SERVICE, DEDUP_SERVICE, COMPUTE_SERVICE, SINK_SERVICE)
+
+
+def service(name: str) -> Service:
+    for candidate in SERVICES:
+        if candidate.name == name:
+            return candidate
+    raise KeyError(f"no service named {name!r} (known: {', '.join(s.name for s in SERVICES)})")

@@ -6,7 +6,14 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from onceflow import topology
-from onceflow.config import CommonSettings, LoopSettings
+from onceflow.config import (
+    CommonSettings,
+    LoopSettings,
+    grpc_port_setting,
+    host_setting,
+    instance_setting,
+    metrics_port_setting,
+)
 
 
 class AckerSettings(BaseSettings):
@@ -22,16 +29,10 @@ class AckerSettings(BaseSettings):
         description="The acker's loop over `acker.acks`; `ONCEFLOW_LOOP_PUNCTUATE_MS` is also the interval of its "
         "timeout sweep.",
     )
-    host: str = Field(
-        default="127.0.0.1",
-        description="The address the gRPC and metrics ports bind to (loopback unless you say otherwise).",
-    )
-    port: int = Field(default=15052, ge=0, le=65535, description="The gRPC port: AckerAdmin, Admin, health, reflection.")
-    metrics_port: int = Field(default=9102, ge=0, le=65535, description="Prometheus `/metrics`; 0 disables it.")
-    instance: str = Field(
-        default="acker-0",
-        description="A name stable across restarts: the transactional.id `onceflow-acker-<instance>` derives from it.",
-    )
+    host: str = host_setting()
+    port: int = grpc_port_setting(topology.ACKER_SERVICE)
+    metrics_port: int = metrics_port_setting(topology.ACKER_SERVICE)
+    instance: str = instance_setting(topology.ACKER_SERVICE)
     default_timeout_ms: int = Field(
         default=30_000, ge=100, description="The timeout of a tree whose INIT names none (ingest always names one)."
     )

@@ -8,7 +8,14 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from onceflow import topology
-from onceflow.config import CommonSettings, LoopSettings
+from onceflow.config import (
+    CommonSettings,
+    LoopSettings,
+    grpc_port_setting,
+    host_setting,
+    instance_setting,
+    metrics_port_setting,
+)
 
 # A job's two hops, by the name the service and its admin calls use.
 _HOPS = {"map": topology.COMPUTE_MAP, "merge": topology.COMPUTE_MERGE}
@@ -38,17 +45,10 @@ class ComputeSettings(BaseSettings):
         description="A built-in job (`auctionbids`, `nexmark_q0` … `nexmark_q5`, `nexmark_q7`, `nexmark_q8`, `wordcount`, "
         "`usersum`, `bigspend`) or a dotted module path defining `job`; Tilt and compose run `auctionbids`.",
     )
-    host: str = Field(
-        default="127.0.0.1",
-        description="The address the gRPC and metrics ports bind to (loopback unless you say otherwise).",
-    )
-    port: int = Field(default=15054, ge=0, le=65535, description="The gRPC port: ComputeAdmin, Admin, health, reflection.")
-    metrics_port: int = Field(default=9104, ge=0, le=65535, description="Prometheus `/metrics`; 0 disables it.")
-    instance: str = Field(
-        default="compute-0",
-        description="A name stable across restarts: the transactional ids `onceflow-compute-<job>-map-<instance>` and "
-        "`…-merge-<instance>` derive from it.",
-    )
+    host: str = host_setting()
+    port: int = grpc_port_setting(topology.COMPUTE_SERVICE)
+    metrics_port: int = metrics_port_setting(topology.COMPUTE_SERVICE)
+    instance: str = instance_setting(topology.COMPUTE_SERVICE)
     engine: EngineName = Field(
         default=EngineName.SPARK,
         description="`spark`, or `pandas`: the benchmark's in-process baseline, for aggregations without `prepare` only.",

@@ -6,7 +6,14 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from onceflow import topology
-from onceflow.config import CommonSettings, LoopSettings
+from onceflow.config import (
+    CommonSettings,
+    LoopSettings,
+    grpc_port_setting,
+    host_setting,
+    instance_setting,
+    metrics_port_setting,
+)
 
 from onceflow_dedup.buckets import BucketSpec
 from onceflow_dedup.gate import AckMode
@@ -26,16 +33,10 @@ class DedupSettings(BaseSettings):
         description="The gate's loop over `ingest.records`; every `ONCEFLOW_LOOP_PUNCTUATE_MS` it also drops the buckets "
         "past the horizon (GC).",
     )
-    host: str = Field(
-        default="127.0.0.1",
-        description="The address the gRPC and metrics ports bind to (loopback unless you say otherwise).",
-    )
-    port: int = Field(default=15053, ge=0, le=65535, description="The gRPC port: DedupAdmin, Admin, health, reflection.")
-    metrics_port: int = Field(default=9103, ge=0, le=65535, description="Prometheus `/metrics`; 0 disables it.")
-    instance: str = Field(
-        default="dedup-0",
-        description="A name stable across restarts: the transactional.id `onceflow-dedup-<instance>` derives from it.",
-    )
+    host: str = host_setting()
+    port: int = grpc_port_setting(topology.DEDUP_SERVICE)
+    metrics_port: int = metrics_port_setting(topology.DEDUP_SERVICE)
+    instance: str = instance_setting(topology.DEDUP_SERVICE)
     bucket_ms: int = Field(
         default=60_000,
         ge=1,

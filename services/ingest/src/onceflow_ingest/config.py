@@ -6,7 +6,14 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from onceflow import topology
-from onceflow.config import CommonSettings, LoopSettings
+from onceflow.config import (
+    CommonSettings,
+    LoopSettings,
+    grpc_port_setting,
+    host_setting,
+    instance_setting,
+    metrics_port_setting,
+)
 
 RECORD_ID_MAX_BYTES = 256  # part of the contract (docs/services/ingest.md), not a tunable
 
@@ -19,19 +26,10 @@ class IngestSettings(BaseSettings):
         description="Ingest uses the Kafka ones, the topic prefix, the transaction timeout, the tokens (Ingest, "
         "IngestStream and health are always open: docs/admin.md), TLS and the log level; it needs no Redis.",
     )
-    host: str = Field(
-        default="127.0.0.1",
-        description="The address the gRPC and metrics ports bind to (loopback unless you say otherwise).",
-    )
-    port: int = Field(
-        default=15051, ge=0, le=65535, description="The gRPC port: Ingest, IngestStream, Admin, health, reflection."
-    )
-    metrics_port: int = Field(default=9101, ge=0, le=65535, description="Prometheus `/metrics`; 0 disables it.")
-    instance: str = Field(
-        default="ingest-0",
-        description="A name stable across restarts: the transactional.id `onceflow-ingest-<instance>` derives from "
-        "it, so a restarted instance fences its own zombie.",
-    )
+    host: str = host_setting()
+    port: int = grpc_port_setting(topology.INGEST_SERVICE)
+    metrics_port: int = metrics_port_setting(topology.INGEST_SERVICE)
+    instance: str = instance_setting(topology.INGEST_SERVICE)
     max_pending: int = Field(
         default=50_000,
         ge=1,

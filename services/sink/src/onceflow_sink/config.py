@@ -6,7 +6,14 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from onceflow import topology
-from onceflow.config import CommonSettings, LoopSettings
+from onceflow.config import (
+    CommonSettings,
+    LoopSettings,
+    grpc_port_setting,
+    host_setting,
+    instance_setting,
+    metrics_port_setting,
+)
 
 
 class SinkSettings(BaseSettings):
@@ -23,16 +30,10 @@ class SinkSettings(BaseSettings):
         description="How the sink batches `compute.results` (records per poll, the longest idle wait for a first "
         "record, the wait for more after it) and backs off while Redis is unavailable.",
     )
-    host: str = Field(
-        default="127.0.0.1",
-        description="The address the gRPC and metrics ports bind to (loopback unless you say otherwise).",
-    )
-    port: int = Field(default=15055, ge=0, le=65535, description="The gRPC port: Query, Admin, health, reflection.")
-    metrics_port: int = Field(default=9105, ge=0, le=65535, description="Prometheus `/metrics`; 0 disables it.")
-    instance: str = Field(
-        default="sink-0",
-        description="A name stable across restarts: the transactional.id `onceflow-sink-<instance>` derives from it.",
-    )
+    host: str = host_setting()
+    port: int = grpc_port_setting(topology.SINK_SERVICE)
+    metrics_port: int = metrics_port_setting(topology.SINK_SERVICE)
+    instance: str = instance_setting(topology.SINK_SERVICE)
     acking: bool = Field(
         default=True,
         description="Ack the applied changes' edges to the acker (off when nothing tracks the trees).",

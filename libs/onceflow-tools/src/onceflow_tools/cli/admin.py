@@ -18,6 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from onceflow import topology
 from onceflow.admin import fleet
 from onceflow.admin.auth import ClientTokens
 from onceflow.admin.tls import ClientTLS, channel
@@ -101,7 +102,7 @@ def _print(message: Message, as_json: bool) -> None:
 @app.command()
 def status(
     address: Annotated[
-        str | None, typer.Option("--address", "-a", help="host:port of one service (default 127.0.0.1:15051)")
+        str | None, typer.Option("--address", "-a", help=f"host:port of one service (default {topology.INGEST_SERVICE.address()})")
     ] = None,
     all_services: Annotated[bool, typer.Option("--all", help="Every service in the services config, as one table.")] = False,
     config: Annotated[
@@ -120,7 +121,7 @@ def status(
             raise typer.BadParameter("give either --address or --all")
         _status_all(config or fleet.services_file(), timeout, as_json)
         return
-    target = address or "127.0.0.1:15051"
+    target = address or topology.INGEST_SERVICE.address()
     reply = _call(target, lambda ch: admin_pb2_grpc.AdminStub(ch).Status(admin_pb2.StatusRequest(), timeout=TIMEOUT_S))
     _print(reply, as_json)
 
@@ -239,7 +240,7 @@ def drain(
 
 
 @acker_app.command("stats")
-def acker_stats(address: Address = "127.0.0.1:15052", as_json: Json = False) -> None:
+def acker_stats(address: Address = topology.ACKER_SERVICE.address(), as_json: Json = False) -> None:
     """Pending trees, decisions, completed/s, tree latency p50/p99."""
     reply = _call(address, lambda ch: acker_pb2_grpc.AckerAdminStub(ch).Stats(acker_pb2.AckerStatsRequest(), timeout=TIMEOUT_S))
     _print(reply, as_json)
@@ -249,7 +250,7 @@ def acker_stats(address: Address = "127.0.0.1:15052", as_json: Json = False) -> 
 def acker_tree(
     root_id: Annotated[int | None, typer.Option(help="The tree's root id.")] = None,
     record_id: Annotated[str | None, typer.Option(help="A record id: its pending trees.")] = None,
-    address: Address = "127.0.0.1:15052",
+    address: Address = topology.ACKER_SERVICE.address(),
     as_json: Json = False,
 ) -> None:
     """A pending tree by root id or record id."""
@@ -264,7 +265,7 @@ def acker_tree(
 def acker_pending(
     limit: Annotated[int, typer.Option(help="At most this many trees (<= 1000).")] = 20,
     older_than_ms: Annotated[int, typer.Option(help="Only trees older than this.")] = 0,
-    address: Address = "127.0.0.1:15052",
+    address: Address = topology.ACKER_SERVICE.address(),
     as_json: Json = False,
 ) -> None:
     """The oldest pending trees."""
@@ -284,7 +285,7 @@ def acker_pending(
 @dedup_app.command("check")
 def dedup_check(
     record_id: Annotated[str, typer.Argument(help="The record id to look up.")],
-    address: Address = "127.0.0.1:15053",
+    address: Address = topology.DEDUP_SERVICE.address(),
     as_json: Json = False,
 ) -> None:
     """Whether the gate would drop a new copy of RECORD_ID, and until when."""
@@ -294,7 +295,7 @@ def dedup_check(
 
 
 @dedup_app.command("stats")
-def dedup_stats(address: Address = "127.0.0.1:15053", as_json: Json = False) -> None:
+def dedup_stats(address: Address = topology.DEDUP_SERVICE.address(), as_json: Json = False) -> None:
     """Passed, dropped, fast-path ratio, store reads, measured vs configured false positives."""
     reply = _call(address, lambda ch: dedup_pb2_grpc.DedupAdminStub(ch).Stats(dedup_pb2.DedupStatsRequest(), timeout=TIMEOUT_S))
     _print(reply, as_json)
@@ -303,7 +304,7 @@ def dedup_stats(address: Address = "127.0.0.1:15053", as_json: Json = False) -> 
 @dedup_app.command("forget")
 def dedup_forget(
     record_id: Annotated[str, typer.Argument(help="The record id to forget.")],
-    address: Address = "127.0.0.1:15053",
+    address: Address = topology.DEDUP_SERVICE.address(),
     token: Token = "",
     as_json: Json = False,
 ) -> None:
@@ -316,7 +317,7 @@ def dedup_forget(
 
 
 @compute_app.command("jobs")
-def compute_jobs(address: Address = "127.0.0.1:15054", as_json: Json = False) -> None:
+def compute_jobs(address: Address = topology.COMPUTE_SERVICE.address(), as_json: Json = False) -> None:
     """The jobs a worker knows: the one it runs and the built-ins, with schema, key and aggregates."""
     request = compute_pb2.ListJobsRequest()
     reply = _call(address, lambda ch: compute_pb2_grpc.ComputeAdminStub(ch).ListJobs(request, timeout=TIMEOUT_S))
@@ -339,7 +340,7 @@ def compute_jobs(address: Address = "127.0.0.1:15054", as_json: Json = False) ->
 def compute_state(
     job: Annotated[str, typer.Argument(help="The job (the one the worker runs).")],
     key: Annotated[str, typer.Argument(help="The group key.")],
-    address: Address = "127.0.0.1:15054",
+    address: Address = topology.COMPUTE_SERVICE.address(),
     as_json: Json = False,
 ) -> None:
     """KEY's state in this worker: the committed row and its partials; exit 1 when not found here."""
@@ -361,7 +362,7 @@ def compute_state(
 
 
 @compute_app.command("stats")
-def compute_stats(address: Address = "127.0.0.1:15054", as_json: Json = False) -> None:
+def compute_stats(address: Address = topology.COMPUTE_SERVICE.address(), as_json: Json = False) -> None:
     """The job, engine, adaptive batch size, rates, job time p50/p99, records in, dead letters, keys."""
     request = compute_pb2.ComputeStatsRequest()
     reply = _call(address, lambda ch: compute_pb2_grpc.ComputeAdminStub(ch).Stats(request, timeout=TIMEOUT_S))

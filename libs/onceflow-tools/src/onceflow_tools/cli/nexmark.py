@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from onceflow import topology
 from onceflow_tools.workloads import nexmark
 from onceflow_tools.workloads.senders import Senders
 
@@ -17,7 +18,7 @@ console = Console()
 
 
 def send(
-    address: str = typer.Option("127.0.0.1:15051", "--address", "-a", help="Ingest's gRPC address."),
+    address: str = typer.Option(topology.INGEST_SERVICE.address(), "--address", "-a", help="Ingest's gRPC address."),
     events: int = typer.Option(20_000, help="Events to generate (1 person : 3 auctions : 46 bids)."),
     rate: int = typer.Option(10_000, help="Events per second of event time."),
     max_delay_ms: int = typer.Option(2_000, help="How late an event may arrive (ms of event time)."),

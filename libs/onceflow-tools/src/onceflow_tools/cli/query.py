@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from onceflow import topology
 from onceflow.admin.auth import ClientTokens
 from onceflow_client import QueryClient
 from onceflow_client.query import MAX_PAGE
@@ -52,7 +53,7 @@ def _text(value: bytes) -> str:
 def get(
     job: Annotated[str, typer.Argument(help="The job whose table to read.")],
     key: Annotated[str, typer.Argument(help="The row key.")],
-    address: Address = "127.0.0.1:15055",
+    address: Address = topology.SINK_SERVICE.address(),
     as_json: Json = False,
     tls_ca: TlsCa = "",
     tls_cert: TlsCert = "",
@@ -76,7 +77,7 @@ def scan(
     prefix: Annotated[str, typer.Option(help="Only keys starting with this.")] = "",
     limit: Annotated[int, typer.Option(min=1, help="At most this many rows.")] = 100,
     every: Annotated[bool, typer.Option("--all", help="Every row, page by page (limit is ignored).")] = False,
-    address: Address = "127.0.0.1:15055",
+    address: Address = topology.SINK_SERVICE.address(),
     as_json: Json = False,
     tls_ca: TlsCa = "",
     tls_cert: TlsCert = "",
