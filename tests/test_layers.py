@@ -52,7 +52,9 @@ def imported_modules(source: Path) -> Iterator[tuple[int, str]]:
 
 
 # What an application that depends on onceflow-client gets: grpcio, protobuf and the wire
-# contracts; confluent-kafka only with the `tail` extra, for ResultsTail.
+# contracts; confluent-kafka only with the `tail` extra, for ResultsTail, and faust-streaming only
+# with the `faust` extra, for the Faust bridge.
+EXTRAS = {"tail.py": "confluent_kafka", "faust.py": "faust"}
 CLIENT_MAY_IMPORT = ("onceflow.v1", "onceflow_client", "grpc", "google.protobuf", "__future__")
 
 
@@ -62,7 +64,8 @@ def client_violations(package_dir: Path) -> list[str]:
     for path in sorted(package_dir.rglob("*.py")):
         for line, module in imported_modules(path):
             allowed = module.split(".")[0] in stdlib or any(module == m or module.startswith(m + ".") for m in CLIENT_MAY_IMPORT)
-            if not allowed and not (path.name == "tail.py" and module == "confluent_kafka"):
+            extra = EXTRAS.get(path.name)
+            if not allowed and not (extra and (module == extra or module.startswith(extra + "."))):
                 found.append(f"{path.relative_to(package_dir.parent)}:{line} imports {module}")
     return found
 
