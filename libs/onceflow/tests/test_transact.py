@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from onceflow.txn.errors import FencedError, IndefiniteOutcome
+from onceflow.txn import producer as producer_module
 from onceflow.txn.producer import CallWatchdog, TransactionalProducer, TxnOutcome
 
 
@@ -116,3 +118,57 @@ def test_a_timeout_is_an_unknown_outcome_only_for_the_calls_that_end_a_transacti
     producer, made, call = _calls(_timed_out(), None)
     producer._call(call, retry=True)  # resumed, and it went through
     assert len(made) == 2
+
+
+class _Librdkafka:
+    """Stands in for confluent_kafka.Producer: commit_transaction answers with ``answers`` in turn."""
+
+    def __init__(self, *answers: Exception | None) -> None:
+        self.answers, self.commits = list(answers), 0
+
+    def commit_transaction(self, _timeout: float) -> None:
+        self.commits += 1
+        answer = self.answers.pop(0) if self.answers else None
+        if answer is not None:
+            raise answer
+
+    def poll(self, _timeout: float) -> int:
+        return 0
+
+
+def _producer_over(librdkafka: _Librdkafka) -> TransactionalProducer:
+    producer = TransactionalProducer.__new__(TransactionalProducer)
+    producer._timeout, producer._watchdog, producer._stop = 1.0, CallWatchdog("test"), threading.Event()
+    producer._producer = librdkafka  # type: ignore[assignment]
+    producer.recreated = 0
+    return producer
+
+
+def test_a_commit_that_times_out_is_resumed_until_it_answers_never_replaced_mid_call() -> None:
+    # Replacing the producer while its EndTxn was in flight aborted ingest across a broker
+    # restart (librdkafka: rd_kafka_enq_once_del_source_return); resumed, the answer is known.
+    librdkafka = _Librdkafka(_timed_out(), _timed_out(), _timed_out(), _timed_out(), None)
+    producer = _producer_over(librdkafka)
+    producer.commit()
+    assert librdkafka.commits == 5 and producer.recreated == 0
+
+
+def test_a_commit_unanswered_past_the_resumes_exits_for_a_restart(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(producer_module, "_RESUME_S", 0.0)
+    librdkafka = _Librdkafka(*[_timed_out()] * 10)
+    producer = _producer_over(librdkafka)
+
+    def give_up(why: str) -> None:
+        raise SystemExit(why)
+
+    monkeypatch.setattr(producer._watchdog, "give_up", give_up)
+    with pytest.raises(SystemExit, match="commit_transaction still unanswered"):
+        producer.commit()
+    assert producer.recreated == 0
+
+
+def test_a_commit_refused_outright_is_still_an_unknown_outcome() -> None:
+    fatal = KafkaException(KafkaError(KafkaError.INVALID_TXN_STATE, "broker restarted", fatal=True))
+    producer = _producer_over(_Librdkafka(fatal))
+    with pytest.raises(IndefiniteOutcome):
+        producer.commit()

@@ -252,7 +252,8 @@ class LoopSettings(BaseSettings):
     commit_timeout_s: float = Field(
         default=30.0,
         gt=0,
-        description="Bound on one commit or abort call; past it the outcome is indefinite and the producer is recreated.",
+        description="Bound on one commit or abort call; past it the call is made again, which resumes it, for up to 90 s, "
+        "then the process exits 4 for a restart.",
     )
     retry_backoff_s: float = Field(
         default=1.0,

@@ -107,10 +107,21 @@ class CallWatchdog:
         os._exit(self._exit_code)
 
 
-# How long a timed-out abort is resumed before the process gives up and exits for a restart.
-# Three resumes: a broker restart is over in well under a minute, and an abort still hanging
-# after that is a client that will not recover (CI: resumed for 180 s, broker back after 18 s).
-_ABORT_RESUME_S = 90.0
+# How long a timed-out commit or abort is resumed before the process gives up and exits for a
+# restart. Three resumes: a broker restart is over in well under a minute, and a call still
+# hanging after that is a client that will not recover (CI: resumed for 180 s, broker back after
+# 18 s).
+_RESUME_S = 90.0
+
+
+def _timed_out(exc: BaseException) -> bool:
+    """A call that timed out (librdkafka: retry it to resume), directly or behind the
+    IndefiniteOutcome ``_call`` made of it."""
+    for error in (exc, exc.__cause__):
+        err = kafka_error(error) if isinstance(error, KafkaException) else None
+        if err is not None and err.code() == KafkaError._TIMED_OUT or "retry call to resume" in str(error or ""):
+            return True
+    return False
 
 
 class TransactionalProducer:
@@ -223,34 +234,38 @@ class TransactionalProducer:
         self._call(lambda: self._producer.send_offsets_to_transaction(offsets, metadata, self._timeout), retry=True)
 
     def commit(self) -> None:
-        self._call(lambda: self._producer.commit_transaction(self._timeout), retry=True, indefinite_on_retriable=True)
+        self._until_answered("commit_transaction", lambda: self._producer.commit_transaction(self._timeout))
         self._producer.poll(0)  # serve delivery reports now: they carry offsets callers track
 
     def abort(self) -> None:
-        """Abort; if that fails outright, recreate the producer (which aborts for us).
-        A timed-out abort is resumed (librdkafka: "retry call to resume") for up to
-        _ABORT_RESUME_S while the broker is away. It is never replaced while still in flight:
-        that aborted a whole service with a librdkafka 2.16 assertion
-        (rd_kafka_enq_once_del_source_return), three times across a broker restart. One that
-        outlasts the resumes is a client stuck on a coordinator it will not find again
+        """Abort; if that fails outright, recreate the producer (which aborts for us)."""
+        try:
+            self._until_answered("abort_transaction", lambda: self._producer.abort_transaction(self._timeout))
+        except (IndefiniteOutcome, KafkaException) as exc:
+            log.warning("abort failed (%s); recreating the producer", exc)
+            self.recreate()
+
+    def _until_answered(self, what: str, call: Callable[[], Any]) -> Any:
+        """A call that ends a transaction (commit, abort), made again while it times out, for up
+        to _RESUME_S: librdkafka then resumes the same EndTxn ("retry call to resume"), so the
+        answer, when it comes, is this transaction's. The producer is never replaced while such a
+        call is in flight: destroying it then aborted whole services with a librdkafka 2.16
+        assertion (rd_kafka_enq_once_del_source_return) across broker restarts, first from a
+        replaced abort, then from a commit whose timeout was taken as an unknown outcome. A call
+        that outlasts the resumes is a client stuck on a coordinator it will not find again
         (librdkafka #5511): the process exits for a restart, a crash the protocol is proven
-        against, and the next instance's init_transactions settles the transaction."""
-        deadline = time.monotonic() + _ABORT_RESUME_S
+        against, and the next instance's init_transactions settles the transaction. Anything but
+        a timeout (or a timeout while stopping) is raised as ``_call`` translated it."""
+        deadline = time.monotonic() + _RESUME_S
         while True:
             try:
-                self._call(lambda: self._producer.abort_transaction(self._timeout), retry=True, indefinite_on_retriable=True)
-                return
+                return self._call(call, retry=True, indefinite_on_retriable=True)
             except (IndefiniteOutcome, KafkaException) as exc:
-                err = kafka_error(exc) if isinstance(exc, KafkaException) else None
-                timed_out = err is not None and err.code() == KafkaError._TIMED_OUT or "retry call to resume" in str(exc)
-                if timed_out and not self._stop.is_set():
-                    if time.monotonic() < deadline:
-                        log.warning("abort timed out (%s); resuming it", exc)
-                        continue
-                    self._watchdog.give_up(f"abort_transaction still unanswered after {_ABORT_RESUME_S:.0f} s ({exc})")
-                log.warning("abort failed (%s); recreating the producer", exc)
-                self.recreate()
-                return
+                if not _timed_out(exc) or self._stop.is_set():
+                    raise
+                if time.monotonic() >= deadline:
+                    self._watchdog.give_up(f"{what} still unanswered after {_RESUME_S:.0f} s ({exc})")
+                log.warning("%s timed out (%s); resuming it", what, exc)
 
     def _call(self, call: Callable[[], Any], retry: bool = False, indefinite_on_retriable: bool = False) -> Any:
         """Run one producer call, retrying retriable errors, and translate the rest:
