@@ -346,7 +346,10 @@ def _drained_answer(clone: Path, stack: Stack, tail: Terminal) -> dict[str, dict
         with QueryClient(sink) as query:
             return {key: json.loads(value) for key, value in query.scan(JOB)}
 
-    eventually(lambda: sink_table() == expected, 120, "the sink's table to equal the fold of the orders", interval_s=1)
+    try:
+        eventually(lambda: sink_table() == expected, 120, "the sink's table to equal the fold of the orders", interval_s=1)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nsink: {sink_table()}\nfold: {expected}") from None
     eventually(lambda: not undrained(stack.common, JOB), 120, "the pipeline to drain", interval_s=2)
     eventually(
         lambda: {key: row for key, (op, row) in tail_rows(tail.output()).items() if op == "+"} == expected
