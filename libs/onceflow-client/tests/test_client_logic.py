@@ -11,7 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from onceflow.v1.ingest_pb2 import IngestRecord
-from onceflow_client import RecordsRejected, TailSnapshot, to_record
+from onceflow.v1.results_pb2 import ResultChange
+from onceflow_client import RecordsRejected, ResultsTail, TailSnapshot, to_record
+from onceflow_client import tail as tail_module
 from onceflow_client.ingest import RetryPolicy, _Retries
 
 
@@ -88,3 +90,63 @@ def test_retriable_codes_back_off_honour_retry_after_and_give_up() -> None:
 def test_a_tail_snapshot_survives_json() -> None:
     snapshot = TailSnapshot({"u1": b'{"total":5}', "<b>": b"\x00\xff"}, {0: 12, 3: 7})
     assert TailSnapshot.from_json(snapshot.to_json()) == snapshot
+
+
+class _Message:
+    def __init__(self, partition: int, offset: int, change: ResultChange) -> None:
+        self._partition, self._offset, self._value = partition, offset, change.SerializeToString()
+
+    def error(self) -> None:
+        return None
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def value(self) -> bytes:
+        return self._value
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def _tail_over(messages: list[_Message], interrupt_at: int | None = None) -> ResultsTail:
+    """A ResultsTail whose consumer hands out ``messages`` once; with ``interrupt_at``, a Ctrl-C
+    arrives as the table takes that change (the fold is where it can land)."""
+    tail = ResultsTail.__new__(ResultsTail)
+    tail.job, tail.topic, tail.partitions = "j", "compute.results", [0]
+    tail._positions, tail._at_end = {}, set()
+
+    class Table(dict):  # type: ignore[type-arg]
+        def __setitem__(self, key: str, value: bytes) -> None:
+            if interrupt_at is not None and len(tail._positions) and tail._positions[0] == interrupt_at:
+                raise _Interrupted
+            super().__setitem__(key, value)
+
+    tail.table = Table()
+    tail._consumer = type("C", (), {"consume": lambda _self, num_messages, timeout: messages})()
+    return tail
+
+
+def test_a_tail_interrupted_mid_fold_resumes_without_skipping_the_change() -> None:
+    upsert = ResultChange.UPSERT
+    messages = [_Message(0, o, ResultChange(job="j", key=f"k{o}", value=b"v", op=upsert)) for o in range(3)]
+    tail = _tail_over(messages, interrupt_at=1)
+    with pytest.raises(_Interrupted):
+        tail.poll()
+    snapshot = TailSnapshot(dict(tail.table), dict(tail._positions))
+    assert snapshot.positions == {0: 1} and set(snapshot.table) == {"k0"}  # k1 is read again on resume
+
+
+def test_changes_ends_only_after_the_whole_idle_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = iter(range(0, 1000))
+    monkeypatch.setattr(tail_module.time, "monotonic", lambda: float(next(clock)))
+    tail = _tail_over([])
+    tail._at_end = {0}
+    polls: list[float] = []
+    monkeypatch.setattr(tail, "poll", lambda timeout_s: polls.append(timeout_s) or [])
+    assert list(tail.changes(idle_timeout_s=5)) == []
+    assert len(polls) == 5  # one fake second per poll: five polls before five quiet seconds

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -122,25 +123,47 @@ class ResultsTail:
                     continue
                 raise RuntimeError(f"reading {self.topic}: {error}")
             partition, offset = message.partition(), message.offset()
-            self._positions[partition] = offset + 1
             self._at_end.discard(partition)
             change = ResultChange.FromString(message.value() or b"")
-            if change.job != self.job or change.op not in _OPS:
-                continue
-            if change.op == ResultChange.UPSERT:
-                self.table[change.key] = change.value
-            else:
-                self.table.pop(change.key, None)
-            changes.append(Change(_OPS[change.op], change.key, change.value, partition, offset))
+            if change.job == self.job and change.op in _OPS:
+                if change.op == ResultChange.UPSERT:
+                    self.table[change.key] = change.value
+                else:
+                    self.table.pop(change.key, None)
+                changes.append(Change(_OPS[change.op], change.key, change.value, partition, offset))
+            # The position moves only after the fold: a Ctrl-C between the two leaves a snapshot
+            # that folds this change again on resume, which sets or removes the same row (a
+            # fold is idempotent), never one that skips it.
+            self._positions[partition] = offset + 1
         return changes
 
     def changes(self, idle_timeout_s: float | None = None) -> Iterator[Change]:
-        """Each change as it is folded; forever, or until nothing came for ``idle_timeout_s``."""
+        """Each change as it is folded; forever, or until caught up and nothing came for
+        ``idle_timeout_s``."""
+        quiet = _Quiet(idle_timeout_s)
         while True:
-            batch = self.poll(1.0 if idle_timeout_s is None else min(1.0, idle_timeout_s))
+            batch = self.poll(quiet.poll_timeout_s())
             yield from batch
-            if not batch and idle_timeout_s is not None and self.caught_up:
+            if quiet.over(bool(batch), self.caught_up):
                 return
+
+
+class _Quiet:
+    """When ``changes(idle_timeout_s)`` ends: caught up, with no change for the whole timeout."""
+
+    def __init__(self, idle_timeout_s: float | None) -> None:
+        self.idle_timeout_s = idle_timeout_s
+        self.since = time.monotonic()
+
+    def poll_timeout_s(self) -> float:
+        return 1.0 if self.idle_timeout_s is None else max(0.01, min(1.0, self.idle_timeout_s))
+
+    def over(self, changed: bool, caught_up: bool) -> bool:
+        now = time.monotonic()
+        if changed or not caught_up:
+            self.since = now
+            return False
+        return self.idle_timeout_s is not None and now - self.since >= self.idle_timeout_s
 
 
 class AsyncResultsTail:
@@ -167,9 +190,10 @@ class AsyncResultsTail:
         return await asyncio.to_thread(self._tail.poll, timeout_s)
 
     async def changes(self, idle_timeout_s: float | None = None) -> AsyncIterator[Change]:
+        quiet = _Quiet(idle_timeout_s)
         while True:
-            batch = await self.poll(1.0 if idle_timeout_s is None else min(1.0, idle_timeout_s))
+            batch = await self.poll(quiet.poll_timeout_s())
             for change in batch:
                 yield change
-            if not batch and idle_timeout_s is not None and self.caught_up:
+            if quiet.over(bool(batch), self.caught_up):
                 return
