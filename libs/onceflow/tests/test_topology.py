@@ -72,3 +72,4 @@ def test_every_hop_runs_in_a_declared_service_and_no_two_services_share_a_port()
     ports = [port for service in topology.SERVICES for port in (service.grpc_port, service.metrics_port)]
     assert len(ports) == len(set(ports))
     assert topology.service("sink").address() == "127.0.0.1:15055"
+

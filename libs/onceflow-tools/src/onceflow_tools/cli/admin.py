@@ -18,7 +18,6 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from onceflow import topology
 from onceflow.admin import fleet
 from onceflow.admin.auth import ClientTokens
 from onceflow.admin.tls import ClientTLS, channel
@@ -32,7 +31,7 @@ from onceflow.v1 import (
     dedup_pb2,
     dedup_pb2_grpc,
 )
-from onceflow_tools.cli.options import TlsCa, TlsCert, TlsKey, client_tls
+from onceflow_tools.cli.options import ServiceAddress, TlsCa, TlsCert, TlsKey, client_tls
 
 app = typer.Typer(no_args_is_help=True, help="Operate running services (gRPC admin calls).")
 acker_app = typer.Typer(no_args_is_help=True, help="The acker's own calls: stats, tree, pending.")
@@ -102,7 +101,7 @@ def _print(message: Message, as_json: bool) -> None:
 @app.command()
 def status(
     address: Annotated[
-        str | None, typer.Option("--address", "-a", help=f"host:port of one service (default {topology.INGEST_SERVICE.address()})")
+        str | None, typer.Option("--address", "-a", help="host:port of one service (default: ingest, as the services config names it)")
     ] = None,
     all_services: Annotated[bool, typer.Option("--all", help="Every service in the services config, as one table.")] = False,
     config: Annotated[
@@ -121,7 +120,7 @@ def status(
             raise typer.BadParameter("give either --address or --all")
         _status_all(config or fleet.services_file(), timeout, as_json)
         return
-    target = address or topology.INGEST_SERVICE.address()
+    target = address or fleet.default_address("ingest")
     reply = _call(target, lambda ch: admin_pb2_grpc.AdminStub(ch).Status(admin_pb2.StatusRequest(), timeout=TIMEOUT_S))
     _print(reply, as_json)
 
@@ -240,8 +239,9 @@ def drain(
 
 
 @acker_app.command("stats")
-def acker_stats(address: Address = topology.ACKER_SERVICE.address(), as_json: Json = False) -> None:
+def acker_stats(address: ServiceAddress = None, as_json: Json = False) -> None:
     """Pending trees, decisions, completed/s, tree latency p50/p99."""
+    address = address or fleet.default_address("acker")
     reply = _call(address, lambda ch: acker_pb2_grpc.AckerAdminStub(ch).Stats(acker_pb2.AckerStatsRequest(), timeout=TIMEOUT_S))
     _print(reply, as_json)
 
@@ -250,10 +250,11 @@ def acker_stats(address: Address = topology.ACKER_SERVICE.address(), as_json: Js
 def acker_tree(
     root_id: Annotated[int | None, typer.Option(help="The tree's root id.")] = None,
     record_id: Annotated[str | None, typer.Option(help="A record id: its pending trees.")] = None,
-    address: Address = topology.ACKER_SERVICE.address(),
+    address: ServiceAddress = None,
     as_json: Json = False,
 ) -> None:
     """A pending tree by root id or record id."""
+    address = address or fleet.default_address("acker")
     if (root_id is None) == (record_id is None):
         raise typer.BadParameter("give exactly one of --root-id and --record-id")
     request = acker_pb2.GetTreeRequest(root_id=root_id) if root_id is not None else acker_pb2.GetTreeRequest(record_id=record_id)
@@ -265,10 +266,11 @@ def acker_tree(
 def acker_pending(
     limit: Annotated[int, typer.Option(help="At most this many trees (<= 1000).")] = 20,
     older_than_ms: Annotated[int, typer.Option(help="Only trees older than this.")] = 0,
-    address: Address = topology.ACKER_SERVICE.address(),
+    address: ServiceAddress = None,
     as_json: Json = False,
 ) -> None:
     """The oldest pending trees."""
+    address = address or fleet.default_address("acker")
     request = acker_pb2.ListPendingRequest(limit=limit, older_than_ms=older_than_ms)
     reply = _call(address, lambda ch: acker_pb2_grpc.AckerAdminStub(ch).ListPending(request, timeout=TIMEOUT_S))
     if as_json:
@@ -285,18 +287,20 @@ def acker_pending(
 @dedup_app.command("check")
 def dedup_check(
     record_id: Annotated[str, typer.Argument(help="The record id to look up.")],
-    address: Address = topology.DEDUP_SERVICE.address(),
+    address: ServiceAddress = None,
     as_json: Json = False,
 ) -> None:
     """Whether the gate would drop a new copy of RECORD_ID, and until when."""
+    address = address or fleet.default_address("dedup")
     request = dedup_pb2.CheckRequest(record_id=record_id)
     reply = _call(address, lambda ch: dedup_pb2_grpc.DedupAdminStub(ch).Check(request, timeout=TIMEOUT_S))
     _print(reply, as_json)
 
 
 @dedup_app.command("stats")
-def dedup_stats(address: Address = topology.DEDUP_SERVICE.address(), as_json: Json = False) -> None:
+def dedup_stats(address: ServiceAddress = None, as_json: Json = False) -> None:
     """Passed, dropped, fast-path ratio, store reads, measured vs configured false positives."""
+    address = address or fleet.default_address("dedup")
     reply = _call(address, lambda ch: dedup_pb2_grpc.DedupAdminStub(ch).Stats(dedup_pb2.DedupStatsRequest(), timeout=TIMEOUT_S))
     _print(reply, as_json)
 
@@ -304,11 +308,12 @@ def dedup_stats(address: Address = topology.DEDUP_SERVICE.address(), as_json: Js
 @dedup_app.command("forget")
 def dedup_forget(
     record_id: Annotated[str, typer.Argument(help="The record id to forget.")],
-    address: Address = topology.DEDUP_SERVICE.address(),
+    address: ServiceAddress = None,
     token: Token = "",
     as_json: Json = False,
 ) -> None:
     """Drop RECORD_ID from the gate's exact store (a committed tombstone), so it can be re-driven."""
+    address = address or fleet.default_address("dedup")
     request = dedup_pb2.ForgetRequest(record_id=record_id)
     reply = _call(
         address, lambda ch: dedup_pb2_grpc.DedupAdminStub(ch).Forget(request, metadata=_bearer(token), timeout=TIMEOUT_S * 8)
@@ -317,8 +322,9 @@ def dedup_forget(
 
 
 @compute_app.command("jobs")
-def compute_jobs(address: Address = topology.COMPUTE_SERVICE.address(), as_json: Json = False) -> None:
+def compute_jobs(address: ServiceAddress = None, as_json: Json = False) -> None:
     """The jobs a worker knows: the one it runs and the built-ins, with schema, key and aggregates."""
+    address = address or fleet.default_address("compute")
     request = compute_pb2.ListJobsRequest()
     reply = _call(address, lambda ch: compute_pb2_grpc.ComputeAdminStub(ch).ListJobs(request, timeout=TIMEOUT_S))
     if as_json:
@@ -340,10 +346,11 @@ def compute_jobs(address: Address = topology.COMPUTE_SERVICE.address(), as_json:
 def compute_state(
     job: Annotated[str, typer.Argument(help="The job (the one the worker runs).")],
     key: Annotated[str, typer.Argument(help="The group key.")],
-    address: Address = topology.COMPUTE_SERVICE.address(),
+    address: ServiceAddress = None,
     as_json: Json = False,
 ) -> None:
     """KEY's state in this worker: the committed row and its partials; exit 1 when not found here."""
+    address = address or fleet.default_address("compute")
     request = compute_pb2.GetStateRequest(job=job, key=key)
     reply = _call(address, lambda ch: compute_pb2_grpc.ComputeAdminStub(ch).GetState(request, timeout=TIMEOUT_S))
     if as_json:
@@ -362,8 +369,9 @@ def compute_state(
 
 
 @compute_app.command("stats")
-def compute_stats(address: Address = topology.COMPUTE_SERVICE.address(), as_json: Json = False) -> None:
+def compute_stats(address: ServiceAddress = None, as_json: Json = False) -> None:
     """The job, engine, adaptive batch size, rates, job time p50/p99, records in, dead letters, keys."""
+    address = address or fleet.default_address("compute")
     request = compute_pb2.ComputeStatsRequest()
     reply = _call(address, lambda ch: compute_pb2_grpc.ComputeAdminStub(ch).Stats(request, timeout=TIMEOUT_S))
     _print(reply, as_json)

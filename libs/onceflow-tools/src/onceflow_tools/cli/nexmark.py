@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from onceflow import topology
+from onceflow.admin import fleet
 from onceflow_tools.workloads import nexmark
 from onceflow_tools.workloads.senders import Senders
 
@@ -18,7 +18,10 @@ console = Console()
 
 
 def send(
-    address: str = typer.Option(topology.INGEST_SERVICE.address(), "--address", "-a", help="Ingest's gRPC address."),
+    address: str | None = typer.Option(
+        None, "--address", "-a", show_default=False,
+        help="Ingest's gRPC address (default: ingest in ONCEFLOW_SERVICES_CONFIG or infra/services.toml).",
+    ),
     events: int = typer.Option(20_000, help="Events to generate (1 person : 3 auctions : 46 bids)."),
     rate: int = typer.Option(10_000, help="Events per second of event time."),
     max_delay_ms: int = typer.Option(2_000, help="How late an event may arrive (ms of event time)."),
@@ -31,6 +34,7 @@ def send(
     """Generate Nexmark events and send them through ingest; exit 1 if a client gives up."""
     if events < 1 or rate < 1 or max_delay_ms < 0 or batch < 1 or clients < 1 or not 0.0 <= resend_ratio <= 1.0:
         raise typer.BadParameter("events, rate, batch and clients must be positive; max-delay-ms >= 0; resend-ratio in [0, 1]")
+    address = address or fleet.default_address("ingest")
     config = nexmark.NexmarkConfig(events=events, rate=rate, max_delay_ms=max_delay_ms, seed=seed)
     arrivals = nexmark.arrival_order(config)
     run = run or f"nexmark-{int(time.time())}"

@@ -8,6 +8,15 @@ import typer
 
 from onceflow.admin.tls import ClientTLS
 
+# A command's service address; unset: that service's first instance in the services config
+# (ONCEFLOW_SERVICES_CONFIG, else infra/services.toml), so the CLI follows a deployment's ports.
+ServiceAddress = Annotated[
+    str | None,
+    typer.Option(
+        "--address", "-a", show_default=False,
+        help="host:port of the service (default: its first instance in ONCEFLOW_SERVICES_CONFIG or infra/services.toml).",
+    ),
+]
 TlsCa = Annotated[
     str,
     typer.Option(

@@ -12,11 +12,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from onceflow import topology
+from onceflow.admin import fleet
 from onceflow.admin.auth import ClientTokens
 from onceflow_client import QueryClient
 from onceflow_client.query import MAX_PAGE
-from onceflow_tools.cli.options import TlsCa, TlsCert, TlsKey, client_tls
+from onceflow_tools.cli.options import ServiceAddress, TlsCa, TlsCert, TlsKey, client_tls
 
 app = typer.Typer(no_args_is_help=True, help="Read result tables through the sink's Query API.")
 console = Console()
@@ -53,13 +53,14 @@ def _text(value: bytes) -> str:
 def get(
     job: Annotated[str, typer.Argument(help="The job whose table to read.")],
     key: Annotated[str, typer.Argument(help="The row key.")],
-    address: Address = topology.SINK_SERVICE.address(),
+    address: ServiceAddress = None,
     as_json: Json = False,
     tls_ca: TlsCa = "",
     tls_cert: TlsCert = "",
     tls_key: TlsKey = "",
 ) -> None:
     """One row; exit 1 when it does not exist."""
+    address = address or fleet.default_address("sink")
     value = _query_call(address, tls_ca, tls_cert, tls_key, lambda query: query.get(job, key))
     if as_json:
         typer.echo(json.dumps({"found": value is not None, "value": _text(value or b"")}))
@@ -77,13 +78,14 @@ def scan(
     prefix: Annotated[str, typer.Option(help="Only keys starting with this.")] = "",
     limit: Annotated[int, typer.Option(min=1, help="At most this many rows.")] = 100,
     every: Annotated[bool, typer.Option("--all", help="Every row, page by page (limit is ignored).")] = False,
-    address: Address = topology.SINK_SERVICE.address(),
+    address: ServiceAddress = None,
     as_json: Json = False,
     tls_ca: TlsCa = "",
     tls_cert: TlsCert = "",
     tls_key: TlsKey = "",
 ) -> None:
     """Rows in key order: the first --limit found, or with --all the whole table."""
+    address = address or fleet.default_address("sink")
     page_size = MAX_PAGE if every else min(limit, MAX_PAGE)
 
     def read(query: QueryClient) -> dict[str, bytes]:

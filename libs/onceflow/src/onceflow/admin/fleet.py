@@ -6,6 +6,7 @@ that deadline and shows as DOWN instead of hiding the others."""
 
 from __future__ import annotations
 
+import os
 import time
 import tomllib
 from collections.abc import Callable
@@ -17,6 +18,7 @@ import grpc
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from onceflow import topology
 from onceflow.admin.tls import ClientTLS, channel
 from onceflow.config import repo_root
 from onceflow.v1 import admin_pb2, admin_pb2_grpc
@@ -46,7 +48,21 @@ class ServiceStatus:
 
 
 def services_file() -> Path:
-    return repo_root() / "infra" / "services.toml"
+    """ONCEFLOW_SERVICES_CONFIG, else the checkout's infra/services.toml."""
+    configured = os.environ.get("ONCEFLOW_SERVICES_CONFIG")
+    return Path(configured) if configured else repo_root() / "infra" / "services.toml"
+
+
+def default_address(service: str, path: Path | None = None) -> str:
+    """Where a command that names no address finds ``service``: its first instance in the
+    services config, so that the CLI follows a deployment's ports; without one, the topology's
+    default port on loopback."""
+    path = path or services_file()
+    if path.is_file():
+        for endpoint in load_endpoints(path):
+            if endpoint.name == service:
+                return endpoint.address
+    return topology.service(service).address()
 
 
 def load_endpoints(path: Path) -> list[Endpoint]:
