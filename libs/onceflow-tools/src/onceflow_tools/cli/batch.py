@@ -16,6 +16,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from onceflow.config import runtime_dir
+from onceflow_tools.jvm_output import stderr_to
+
 console = Console()
 
 
@@ -67,11 +70,13 @@ def batch(
         console.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(2) from None
     fmt = input_format.value if input_format is not None else None
+    spark_log = runtime_dir() / "logs" / "batch-spark.log"
     with console.status(f"running {compute_job.name} over {input_path.name} on Spark {spark_master} ..."):
         try:
-            result = compute_batch.run_batch(job, input_path, input_format=fmt, spark_master=spark_master)  # by name: shipped
+            with stderr_to(spark_log):  # the JVM's warnings and notices: kept, not printed
+                result = compute_batch.run_batch(job, input_path, input_format=fmt, spark_master=spark_master)  # by name: shipped
         except compute_batch.JobFailed as exc:
-            console.print(f"[red]{escape(str(exc))}[/]")
+            console.print(f"[red]{escape(str(exc))}[/] (Spark's own log: {escape(str(spark_log))})")
             raise typer.Exit(1) from None
         except (OSError, ValueError) as exc:  # an unreadable file; Arrow's errors are ValueErrors
             console.print(f"[red]{escape(str(input_path))}[/]: {escape(str(exc))}")
