@@ -32,9 +32,9 @@ kafka-jars: venv
 	$(ONCEFLOW) infra install
 
 # The Spark driver's AppCDS archive in .onceflow/spark (once per pyspark and JVM): workers start
-# about a third sooner (onceflow_compute/spark_cds.py).
+# about a third sooner (onceflow_compute/engine/cds.py).
 spark-cds: proto
-	@$(PY) -m onceflow_compute.spark_cds
+	@$(PY) -m onceflow_compute.engine.cds
 
 redis:
 	@command -v redis-server >/dev/null || infra/redis/install.sh

@@ -51,7 +51,7 @@ from onceflow_tools.infra.topics import delete_topics, ensure_topics
 
 from onceflow_compute.api import METADATA_COLUMNS
 from onceflow_compute.config import ComputeSettings, EngineName
-from onceflow_compute.engines import Engine
+from onceflow_compute.engine import Engine
 from onceflow_compute.jobs import load_job
 from onceflow_compute.service import build, make_engine
 

@@ -33,7 +33,7 @@ from tests.harness import checker
 from tests.harness.process import ServiceProcess
 
 from onceflow_compute.batch import run_batch, spark_engine
-from onceflow_compute.engines import SparkEngine
+from onceflow_compute.engine.spark import SparkEngine
 
 pytestmark = [pytest.mark.compute, pytest.mark.integration]
 

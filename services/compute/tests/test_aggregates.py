@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from onceflow_compute.api import Aggregation, Avg, Combine, Count, Max, Min, Sum, encode_json
-from onceflow_compute.engines import PandasEngine
-from onceflow_compute.stages import partials_by_key
+from onceflow_compute.engine.pandas_engine import PandasEngine
+from onceflow_compute.merge.partials import partials_by_key
 
 pytestmark = pytest.mark.compute
 

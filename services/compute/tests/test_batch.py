@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from onceflow_compute import batch, jobs
 from onceflow_compute.api import Aggregation, Avg, Count, Max, Min, Sum, Transform
-from onceflow_compute.engines import SparkEngine
+from onceflow_compute.engine.spark import SparkEngine
 
 pytestmark = pytest.mark.compute
 

@@ -17,8 +17,8 @@ from onceflow.v1.compute_pb2 import PartialAggregate
 from onceflow.v1.envelope_pb2 import DeadLetter, Envelope
 
 from onceflow_compute.api import Aggregation, Count, Hopping, Tumbling
-from onceflow_compute.eventtime import EventTimeGate
 from onceflow_compute.frames import build_frame
+from onceflow_compute.map.eventtime import EventTimeGate
 
 pytestmark = pytest.mark.dataflow
 

@@ -18,10 +18,10 @@ from onceflow.v1.envelope_pb2 import DeadLetter, Envelope
 
 from onceflow_compute import stats
 from onceflow_compute.api import Aggregation, Count, Sum
-from onceflow_compute.engines import PandasEngine
+from onceflow_compute.engine.pandas_engine import PandasEngine
+from onceflow_compute.engine.run import JobFailed
 from onceflow_compute.frames import build_frame
-from onceflow_compute.job_runner import JobFailed
-from onceflow_compute.stages import MapStage
+from onceflow_compute.map.stage import MapStage
 
 pytestmark = pytest.mark.compute
 

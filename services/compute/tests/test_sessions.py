@@ -7,7 +7,7 @@ import pytest
 
 from onceflow_tools.process import free_port
 
-from onceflow_compute import sessions
+from onceflow_compute.engine import sessions
 
 pytestmark = pytest.mark.compute
 

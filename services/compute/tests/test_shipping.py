@@ -6,7 +6,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from onceflow_compute.api import Aggregation, Combine, Count
-from onceflow_compute.shipping import modules_to_ship
+from onceflow_compute.engine.shipping import modules_to_ship
 
 
 class _Distinct:

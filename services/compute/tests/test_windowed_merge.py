@@ -17,7 +17,7 @@ from onceflow.v1.results_pb2 import ResultChange
 
 from onceflow_compute import stats
 from onceflow_compute.api import Aggregation, Sum, Trigger, Tumbling
-from onceflow_compute.windowed import WindowedMergeStage
+from onceflow_compute.merge.windowed import WindowedMergeStage
 
 pytestmark = [pytest.mark.compute, pytest.mark.dataflow]
 

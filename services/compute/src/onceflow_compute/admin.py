@@ -14,7 +14,7 @@ from onceflow.v1 import compute_pb2, compute_pb2_grpc
 from onceflow_compute import jobs
 from onceflow_compute.api import Aggregation, Job, Join, Transform
 from onceflow_compute.dataflow.windows import Window
-from onceflow_compute.stages import describe_aggregates, state_key
+from onceflow_compute.results import state_key
 from onceflow_compute.stats import JobCounts
 from onceflow_compute.dataflow.watermarks import WatermarkTracker
 
@@ -25,7 +25,7 @@ def job_info(job: Job, running: bool) -> compute_pb2.JobInfo:
         kind=job.kind,
         input_schema=_schema_text(job.schema),
         key=job.key,
-        aggregates=describe_aggregates(job) if isinstance(job, Aggregation) else [],
+        aggregates=[aggregate.describe() for aggregate in job.aggregates] if isinstance(job, Aggregation) else [],
         running=running,
     )
 

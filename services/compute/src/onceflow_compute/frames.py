@@ -1,8 +1,9 @@
 """Records -> one Arrow table per micro-batch, without a Python object per field.
 
 Payloads are JSON objects. They are parsed together by Arrow's JSON reader against the job's
-schema (one line each); only when that fails does the batch get bisected to name the bad
-records, so a clean batch costs one vectorised parse.
+schema (one line each); only when that fails does the batch get bisected (bisection.py) to name
+the bad records, so a clean batch costs one vectorised parse. The map hop's frames and batch
+mode's input are parsed here alike.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from onceflow.codec import decode_envelope
 from onceflow.v1.envelope_pb2 import Envelope
 
 from onceflow_compute.api import METADATA_COLUMNS
+from onceflow_compute.bisection import bisect
 
 
 @dataclass
@@ -77,27 +79,32 @@ def _parse(lines: list[bytes], options: pj.ParseOptions) -> pa.Table:
     return pj.read_json(io.BytesIO(b"\n".join(lines)), parse_options=options)
 
 
+class MoreThanOneValue(ValueError):
+    """A payload line that Arrow read as several JSON values."""
+
+
 def parse_checked(lines: list[bytes], options: pj.ParseOptions) -> tuple[pa.Table | None, dict[int, str]]:
     """Parse all lines; on failure, bisect to find each line that fails alone (or holds more
     than one object). Returns the table of everything when nothing failed."""
-    if not lines:
-        return None, {}
-    try:
-        table = _parse(lines, options)
-        if table.num_rows == len(lines):
-            return table, {}
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        if len(lines) == 1:
-            return None, {0: _reason(exc)}
-    else:
-        if len(lines) == 1:
-            return None, {0: "the payload holds more than one JSON value"}
-    middle = len(lines) // 2
-    reasons: dict[int, str] = {}
-    for start, part in ((0, lines[:middle]), (middle, lines[middle:])):
-        _table, bad = parse_checked(part, options)
-        reasons.update({start + i: reason for i, reason in bad.items()})
-    return None, reasons
+
+    def attempt(start: int, stop: int) -> pa.Table:
+        table = _parse(lines[start:stop], options)
+        if table.num_rows != stop - start:
+            raise MoreThanOneValue("the payload holds more than one JSON value")
+        return table
+
+    def reason(exc: Exception) -> str:
+        if isinstance(exc, MoreThanOneValue):
+            return str(exc)
+        if isinstance(exc, (pa.ArrowInvalid, pa.ArrowTypeError)):
+            return _reason(exc)
+        raise exc
+
+    found = bisect(len(lines), attempt, reason)
+    if found.failed or not found.outputs:
+        return None, found.failed
+    # Parts that parse alone make the whole (a failure of the whole batch but no line's).
+    return found.outputs[0] if len(found.outputs) == 1 else pa.concat_tables(found.outputs), {}
 
 
 def _reason(exc: Exception) -> str:

@@ -1,5 +1,6 @@
-"""Composition: settings -> the job and its engine -> the map hop (and, for an aggregation, the
-merge hop) on the shared loop -> gRPC (Admin + ComputeAdmin + health)."""
+"""Composition: settings -> the job and its engine (engine/) -> the map hop (map/) and, unless
+the job is a transform, the merge hop (merge/) on the shared loop -> gRPC (Admin +
+ComputeAdmin + health)."""
 
 from __future__ import annotations
 
@@ -15,17 +16,21 @@ from onceflow.topology import Topic
 from onceflow.txn import TransactionalLoop
 from onceflow.v1 import compute_pb2, compute_pb2_grpc
 
-from onceflow_compute import jobs, spark_cds, stats
+from onceflow_compute import jobs, stats
 from onceflow_compute.admin import ComputeAdminServicer
 from onceflow_compute.api import Aggregation, Job, Join, Transform
 from onceflow_compute.config import ComputeSettings, EngineName
 from onceflow_compute.dataflow.watermarks import WatermarkTracker
-from onceflow_compute.engines import Engine, PandasEngine, SparkEngine
-from onceflow_compute.shipping import modules_to_ship
-from onceflow_compute.eventtime import EventTimeGate
-from onceflow_compute.joined import JoinMergeStage
-from onceflow_compute.stages import MapStage, MergeStage
-from onceflow_compute.windowed import WindowedMergeStage
+from onceflow_compute.engine import Engine
+from onceflow_compute.engine.pandas_engine import PandasEngine
+from onceflow_compute.engine.shipping import modules_to_ship
+from onceflow_compute.engine.spark import spark_engine
+from onceflow_compute.map.eventtime import EventTimeGate
+from onceflow_compute.map.stage import MapStage
+from onceflow_compute.merge.aggregation import MergeStage
+from onceflow_compute.merge.event_time import KeyedEventTimeMerge
+from onceflow_compute.merge.joined import JoinMergeStage
+from onceflow_compute.merge.windowed import WindowedMergeStage
 
 log = logging.getLogger(__name__)
 
@@ -35,16 +40,11 @@ def make_engine(settings: ComputeSettings, job: Job) -> Engine:
     the modules of its user combiners."""
     if settings.engine is EngineName.PANDAS:
         return PandasEngine()
-    return SparkEngine(
-        settings.spark_master,
-        settings.spark_shuffle_partitions,
-        settings.spark_driver_memory,
+    return spark_engine(
         app_name=f"onceflow-compute-{job.name}-{settings.instance}",
-        java_options=spark_cds.java_options(settings.spark_java_options),
-        executor_python=settings.spark_executor_python,
-        conf=settings.spark_conf,
         ship=modules_to_ship(settings.job, job),
         batch_timeout_s=settings.batch_timeout_s,
+        settings=settings,
     )
 
 
@@ -110,7 +110,7 @@ def build(settings: ComputeSettings) -> tuple[list[TransactionalLoop], ServiceSe
         )
         loops.append(merge_loop)
         stores = merge_loop.stores
-        if isinstance(merge_stage, (WindowedMergeStage, JoinMergeStage)):
+        if isinstance(merge_stage, KeyedEventTimeMerge):
             merge_stage.stores = stores
 
     admin = ComputeAdminServicer(

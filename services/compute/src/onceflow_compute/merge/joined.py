@@ -23,8 +23,7 @@ from onceflow.v1.results_pb2 import ResultChange
 from onceflow_compute import stats
 from onceflow_compute.api import Join
 from onceflow_compute.dataflow.joins import JoinChange, StreamJoin
-from onceflow_compute.event_merge import KeyedEventTimeMerge
-from onceflow_compute.stages import result_change, state_key
+from onceflow_compute.merge.event_time import KeyedEventTimeMerge
 
 log = logging.getLogger(__name__)
 
@@ -36,15 +35,15 @@ class JoinMergeStage(KeyedEventTimeMerge[StreamJoin]):
         super().__init__(job, results_topic, counts)
         self.job: Join = job
 
-    def _new_state(self) -> StreamJoin:
+    def new_state(self) -> StreamJoin:
         return StreamJoin(self.job.how, self.job.retention_ms)
 
     def rows_in_state(self) -> int:
-        return sum(join.rows_in_state() for join in self._states.values())
+        return sum(join.rows_in_state() for join in self.states.values())
 
     # -- a batch -------------------------------------------------------------------------
 
-    def _take(self, partition: int, partial: PartialAggregate) -> tuple[dict, int]:
+    def take(self, partition: int, partial: PartialAggregate) -> tuple[dict, int]:
         if not partial.HasField("join_row") or partial.join_row.side not in (JoinRow.LEFT, JoinRow.RIGHT):
             raise ValueError(f"record for join key {partial.key!r} carries no join row")
         row = json.loads(partial.join_row.row)
@@ -52,9 +51,9 @@ class JoinMergeStage(KeyedEventTimeMerge[StreamJoin]):
             raise ValueError(f"join row for {partial.key!r} is not a JSON object: {row!r}")
         return row, partial.join_row.side
 
-    def _apply(self, batch: Batch, partition: int, partial: PartialAggregate, taken: tuple[dict, int]) -> int:
+    def apply(self, batch: Batch, partition: int, partial: PartialAggregate, taken: tuple[dict, int]) -> int:
         row, side = taken
-        join = self._states[partition]
+        join = self.states[partition]
         add = join.add_left if side == JoinRow.LEFT else join.add_right
         changes = add(partial.key, row, partial.join_row.event_time_ms)
         for change in changes:
@@ -64,16 +63,12 @@ class JoinMergeStage(KeyedEventTimeMerge[StreamJoin]):
     def _emit(self, batch: Batch, join_key: str, change: JoinChange) -> None:
         window = self.job.window_of_key(join_key)
         result_key = self.job.result_key(change.left, change.right, window)
-        row = self.job.row(change.left, change.right, window)
-        value = result_change(self.job.name, result_key, OPS[change.op], row)
-        # Keyed by the result row: compute.results is compacted per row (the sink rebuilds a table
-        # from it), and a row's changes stay in order on one results partition.
-        batch.emit(self._results_topic, value, key=state_key(self.job.name, result_key))
+        self.emit_change(batch, result_key, OPS[change.op], self.job.row(change.left, change.right, window))
 
-    def _after_batch(self, batch: Batch, partition: int, reported: set[int]) -> int:
+    def after_batch(self, batch: Batch, partition: int, reported: set[int]) -> int:
         """Drop the windows the watermark has closed, then persist the changed keys."""
         watermark = self.sources.watermark(partition)
         if watermark is not None:
-            self._states[partition].expire(watermark)
-        self._persist(batch, partition, reported)
+            self.states[partition].expire(watermark)
+        self.persist(batch, partition, reported)
         return 0

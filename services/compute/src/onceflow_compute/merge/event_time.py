@@ -17,7 +17,8 @@ from onceflow.v1.compute_pb2 import PartialAggregate, SourceWatermark
 
 from onceflow_compute import stats
 from onceflow_compute.api import encode_json
-from onceflow_compute.stages import state_key
+from onceflow_compute.merge.hop import MergeHop
+from onceflow_compute.results import state_key
 
 
 class SourceWatermarks:
@@ -75,35 +76,34 @@ class KeyedState(Protocol):
 S = TypeVar("S", bound=KeyedState)
 
 
-class KeyedEventTimeMerge(Generic[S]):
-    name = "compute-merge"
+class KeyedEventTimeMerge(MergeHop, Generic[S]):
+    """The state's life cycle and the batch loop; a subclass says what a partial does to a key's
+    state (``take``, ``apply``) and what follows a batch (``after_batch``)."""
 
     def __init__(self, job: Any, results_topic: str, counts: stats.JobCounts) -> None:
-        self.job = job
-        self._results_topic = results_topic
-        self.counts = counts
+        super().__init__(job, results_topic, counts)
         # The merge loop's stores, set once the loop exists (the loop restores them on assign).
         self.stores: PartitionStores | None = None
-        self._states: dict[int, S] = {}
+        self.states: dict[int, S] = {}
         self.sources = SourceWatermarks(job.name)
         self._key_prefix = f"{job.name}\x00".encode()
 
-    def _new_state(self) -> S:
+    def new_state(self) -> S:
         raise NotImplementedError
 
-    def _loaded(self, partition: int, state: S) -> None:
+    def loaded(self, partition: int, state: S) -> None:
         """Called once a partition's state is restored."""
 
-    def _take(self, partition: int, partial: PartialAggregate) -> Any:
+    def take(self, partition: int, partial: PartialAggregate) -> Any:
         """Check one record's partial (and, if that cannot fail half-way, apply it). Raising
         dead-letters the record."""
         raise NotImplementedError
 
-    def _apply(self, batch: Batch, partition: int, partial: PartialAggregate, taken: Any) -> int:
-        """Apply what :meth:`_take` returned; the result changes emitted."""
+    def apply(self, batch: Batch, partition: int, partial: PartialAggregate, taken: Any) -> int:
+        """Apply what :meth:`take` returned; the result changes emitted."""
         return 0
 
-    def _after_batch(self, batch: Batch, partition: int, reported: set[int]) -> int:
+    def after_batch(self, batch: Batch, partition: int, reported: set[int]) -> int:
         """Once per partition the batch touched; the result changes emitted."""
         raise NotImplementedError
 
@@ -115,16 +115,16 @@ class KeyedEventTimeMerge(Generic[S]):
 
     def on_revoke(self, partitions: list[int]) -> None:
         for partition in partitions:
-            self._states.pop(partition, None)
+            self.states.pop(partition, None)
             self.sources.forget(partition)
 
     def on_rollback(self) -> None:
-        for partition in list(self._states):
+        for partition in list(self.states):
             self._load(partition)
 
     def _load(self, partition: int) -> None:
         assert self.stores is not None
-        state = self._new_state()
+        state = self.new_state()
         self.sources.forget(partition)
         for key, value in self.stores[partition].items():
             if key.startswith(self._key_prefix):
@@ -132,11 +132,11 @@ class KeyedEventTimeMerge(Generic[S]):
             else:
                 self.sources.restore(partition, key, value)
         state.changed_keys.clear()
-        self._states[partition] = state
-        self._loaded(partition, state)
+        self.states[partition] = state
+        self.loaded(partition, state)
 
     def watermarks(self) -> dict[int, int | None]:
-        return {p: self.sources.watermark(p) for p in sorted(self._states)}
+        return {p: self.sources.watermark(p) for p in sorted(self.states)}
 
     # -- a batch -------------------------------------------------------------------------
 
@@ -153,21 +153,21 @@ class KeyedEventTimeMerge(Generic[S]):
                 if partial.HasField("watermark"):
                     self.sources.note(partition, partial.watermark, reported)
                     continue
-                taken = self._take(partition, partial)
+                taken = self.take(partition, partial)
             except Exception as exc:  # noqa: BLE001 - one bad record must not stop the stream
                 batch.dead_letter(record, exc)
                 continue
-            changes += self._apply(batch, partition, partial, taken)
+            changes += self.apply(batch, partition, partial, taken)
         for partition, reported in touched.items():
-            changes += self._after_batch(batch, partition, reported)
-        self._count_after_commit(batch, changes)
+            changes += self.after_batch(batch, partition, reported)
+        self.count_after_commit(batch, changes)
 
     # -- after a batch -------------------------------------------------------------------
 
-    def _persist(self, batch: Batch, partition: int, reported: set[int]) -> None:
+    def persist(self, batch: Batch, partition: int, reported: set[int]) -> None:
         """The changed keys' snapshots and the newly reported source watermarks, into the
         batch's state (its changelog records)."""
-        state = self._states[partition]
+        state = self.states[partition]
         overlay = batch.state(partition)
         for key in state.changed_keys:
             snapshot = state.snapshot(key)
@@ -178,10 +178,3 @@ class KeyedEventTimeMerge(Generic[S]):
                 overlay.put(skey, encode_json(snapshot))
         state.changed_keys.clear()
         self.sources.persist(overlay, partition, reported)
-
-    def _count_after_commit(self, batch: Batch, changes: int) -> None:
-        def count() -> None:
-            self.counts.results += changes
-            stats.RESULTS.labels(self.job.name).inc(changes)
-
-        batch.after_commit.append(count)

@@ -5,12 +5,11 @@ owns, restored from the partition's store (``compute.changelog``: a key's panes,
 watermark each ``dedup.records`` partition reported). The partition's watermark is the minimum
 over every input partition once all have reported. After each batch the engine fires what is
 due; the firings become result changes (retractions first) and the changed keys' panes go to
-the changelog, all in the batch's transaction (the state's life cycle: event_merge.py).
+the changelog, all in the batch's transaction (the state's life cycle: event_time.py).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 
 from onceflow.txn.batch import Batch
@@ -20,8 +19,8 @@ from onceflow.v1.results_pb2 import ResultChange
 from onceflow_compute import stats
 from onceflow_compute.api import Aggregation, encode_json
 from onceflow_compute.dataflow.panes import Firing, WindowedAggregation
-from onceflow_compute.event_merge import KeyedEventTimeMerge
-from onceflow_compute.stages import result_change, state_key
+from onceflow_compute.merge.event_time import KeyedEventTimeMerge
+from onceflow_compute.merge.partials import decode_partials
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +50,10 @@ class WindowedMergeStage(KeyedEventTimeMerge[WindowedAggregation]):
         super().__init__(job, results_topic, counts)
         self.job: Aggregation = job
 
-    def _new_state(self) -> WindowedAggregation:
+    def new_state(self) -> WindowedAggregation:
         return windowed_engine(self.job)
 
-    def _loaded(self, partition: int, engine: WindowedAggregation) -> None:
+    def loaded(self, partition: int, engine: WindowedAggregation) -> None:
         engine.advance_watermark(self.sources.watermark(partition))
 
     def punctuate(self, batch: Batch) -> None:
@@ -62,32 +61,27 @@ class WindowedMergeStage(KeyedEventTimeMerge[WindowedAggregation]):
         ``early_every_ms`` (the shared loop calls this every ``ONCEFLOW_LOOP_PUNCTUATE_MS``)."""
         if self.job.trigger.early_every_ms is None:
             return  # only early firings are due by processing time
-        changes = sum(self._after_batch(batch, partition, set()) for partition in list(self._states))
-        self._count_after_commit(batch, changes)
+        changes = sum(self.after_batch(batch, partition, set()) for partition in list(self.states))
+        self.count_after_commit(batch, changes)
 
-    def _take(self, partition: int, partial: PartialAggregate) -> None:
-        values = json.loads(partial.partials)
-        if not isinstance(values, list) or len(values) != len(self.job.aggregates):
-            raise ValueError(f"partials of {partial.key!r}: expected {len(self.job.aggregates)} values, got {values!r}")
+    def take(self, partition: int, partial: PartialAggregate) -> None:
+        values = decode_partials(self.job, partial)
         encode_json(self.job.row(partial.key, values))  # a partial whose row cannot be built is poison
-        engine = self._states[partition]
+        engine = self.states[partition]
         if not engine.add(partial.key, partial.bucket_ms, values):
             # The map hop let it through at its partition's watermark and sends that watermark
             # after the batch's partials (EventTimeGate.emit_watermarks), so this partition's
             # watermark cannot be ahead of it here: only if the windows changed underneath.
             log.warning("%s: partial for %r at %d arrived after its windows expired", self.name, partial.key, partial.bucket_ms)
 
-    def _after_batch(self, batch: Batch, partition: int, reported: set[int]) -> int:
+    def after_batch(self, batch: Batch, partition: int, reported: set[int]) -> int:
         """Fire what is due, then persist the changed panes."""
-        engine = self._states[partition]
+        engine = self.states[partition]
         engine.advance_watermark(self.sources.watermark(partition))
         changes = 0
         for firing in engine.fire(batch.now_ms):
             for result_key, op, row in firing_changes(self.job, firing):
-                # Keyed by the result row: compute.results is compacted per row (the sink rebuilds a
-                # table from it), and a row's changes stay in order on one partition.
-                kafka_key = state_key(self.job.name, result_key)
-                batch.emit(self._results_topic, result_change(self.job.name, result_key, op, row), key=kafka_key)
+                self.emit_change(batch, result_key, op, row)
                 changes += 1
-        self._persist(batch, partition, reported)
+        self.persist(batch, partition, reported)
         return changes

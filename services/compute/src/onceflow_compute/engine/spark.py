@@ -1,9 +1,6 @@
-"""What runs a job over one micro-batch: Spark (the product) or pandas (the in-process baseline
-the benchmark measures Spark's per-batch overhead against).
-
-An engine returns Arrow: for an aggregation one row per group key (column ``__key``, then the
-aggregates' partial columns in order), for a transform the transform's rows.
-"""
+"""The Spark engine: one long-lived session (classic or Spark Connect, sessions.py) that runs
+each micro-batch's job, Arrow in and Arrow out; and the engine over a session someone else owns
+(batch mode's callers)."""
 
 from __future__ import annotations
 
@@ -14,61 +11,21 @@ import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from onceflow_compute import sessions
 from onceflow_compute.api import Aggregation, Combine, Join, Transform
+from onceflow_compute.config import ComputeSettings
 from onceflow_compute.dataflow.windows import time_grain
-from onceflow_compute.shipping import archive, shippable
+from onceflow_compute.engine import BUCKET, KEY, ROW, SIDE, TIME, Engine, EngineStalled, EngineUnavailable, partial_columns
+from onceflow_compute.engine import cds, sessions
+from onceflow_compute.engine.shipping import archive, shippable
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
-
-KEY = "__key"
-# A windowed job's partials are per key and event-time bucket (windows.time_grain).
-BUCKET = "__bucket"
-# A join's rows: which side (JoinRow.Side), the join column (KEY), event time, the row as JSON.
-SIDE = "__side"
-TIME = "__time"
-ROW = "__row"
-
-
-class EngineStalled(RuntimeError):
-    """A micro-batch the engine did not finish within its timeout, and cancelled: the cluster
-    cannot run it (no executor accepted it, or the master and executors are gone). No record
-    is to blame."""
-
-
-class Engine(Protocol):
-    name: str
-
-    def partials(self, job: Aggregation, table: pa.Table) -> pa.Table: ...
-
-    def transform(self, job: Transform, table: pa.Table) -> pa.Table: ...
-
-    def join_rows(self, job: Join, table: pa.Table) -> pa.Table: ...
-
-    def close(self) -> None: ...
-
-
-def partial_columns(job: Aggregation) -> list[str]:
-    return [f"a{i}_{j}" for i, aggregate in enumerate(job.aggregates) for j in range(aggregate.width)]
-
-
-def input_columns(job: Aggregation, table: pa.Table) -> list[str]:
-    """The columns an aggregation without ``prepare`` reads: its key, aggregated columns and,
-    when windowed, its time column."""
-    needed = {job.key} | {getattr(a, "column", "") for a in job.aggregates}
-    if job.windowed:
-        needed.add(job.time_column)
-    return [name for name in table.column_names if name in needed]
-
-
-class EngineUnavailable(EngineStalled):
-    """Spark is out of reach (a master that does not answer, a Spark Connect server that is down
-    or restarted, a context Spark shut down): the batch did not run. The engine opens a new
-    session on the next call."""
 
 
 class SparkEngine:
@@ -262,29 +219,54 @@ class SparkEngine:
             self.session.stop()
 
 
-class PandasEngine:
-    """The same aggregation in plain pandas, in the worker's process: no JVM, no per-batch
-    job. Jobs with a Spark ``prepare`` or a transform cannot run here."""
+def input_columns(job: Aggregation, table: pa.Table) -> list[str]:
+    """The columns an aggregation without ``prepare`` reads: its key, aggregated columns and,
+    when windowed, its time column."""
+    needed = {job.key} | {getattr(a, "column", "") for a in job.aggregates}
+    if job.windowed:
+        needed.add(job.time_column)
+    return [name for name in table.column_names if name in needed]
 
-    name = "pandas"
 
-    def partials(self, job: Aggregation, table: pa.Table) -> pa.Table:
-        if job.prepare is not None or job.windowed:
-            raise ValueError(f"job {job.name}: the pandas engine runs only unwindowed aggregations without prepare")
-        frame = table.to_pandas()
-        frame = frame[frame[job.key].notna()]
-        groups = frame.groupby(frame[job.key].astype(str), sort=False)
-        series = [s for aggregate in job.aggregates for s in aggregate.pandas(groups)]
-        arrays = {KEY: pa.array(series[0].index.astype(str))} if series else {}
-        for name, s in zip(partial_columns(job), series, strict=True):
-            arrays[name] = pa.array(s.to_numpy(), from_pandas=True)
-        return pa.table(arrays)
+def spark_engine(
+    master: str | None = None,
+    shuffle_partitions: int | None = None,
+    driver_memory: str | None = None,
+    app_name: str = "onceflow-batch",
+    ship: Sequence[str] = (),
+    batch_timeout_s: float = 0.0,
+    settings: ComputeSettings | None = None,
+) -> SparkEngine:
+    """A Spark engine configured as the workers' (``settings``, else ONCEFLOW_COMPUTE_SPARK_*,
+    unless given)."""
+    settings = settings or ComputeSettings()
+    return SparkEngine(
+        master or settings.spark_master,
+        shuffle_partitions or settings.spark_shuffle_partitions,
+        driver_memory or settings.spark_driver_memory,
+        app_name=app_name,
+        java_options=cds.java_options(settings.spark_java_options),
+        executor_python=settings.spark_executor_python,
+        conf=settings.spark_conf,
+        ship=ship,
+        batch_timeout_s=batch_timeout_s,
+    )
 
-    def transform(self, job: Transform, table: pa.Table) -> pa.Table:
-        raise ValueError(f"job {job.name}: transforms need the Spark engine")
 
-    def join_rows(self, job: Join, table: pa.Table) -> pa.Table:
-        raise ValueError(f"job {job.name}: joins need the Spark engine")
+class SessionEngine(SparkEngine):
+    """The Spark engine over a session someone else owns (and stops)."""
+
+    def __init__(self, session: SparkSession) -> None:
+        # Not SparkEngine.__init__: that builds a session.
+        self._adopt(session)
 
     def close(self) -> None:
         pass
+
+
+def as_engine(session_or_engine: SparkSession | Engine) -> Engine:
+    if hasattr(session_or_engine, "partials") and hasattr(session_or_engine, "transform"):
+        return session_or_engine  # type: ignore[return-value]
+    if hasattr(session_or_engine, "createDataFrame"):  # a classic or a Spark Connect session
+        return SessionEngine(session_or_engine)
+    raise TypeError(f"expected a SparkSession or an engine, got {type(session_or_engine).__name__}")

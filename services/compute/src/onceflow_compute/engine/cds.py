@@ -3,7 +3,7 @@ instead of parsed from the jars. A worker reaches its first job about a third so
 several workers starting at once on a small machine (a failover, a rebalance, the fault tests)
 far sooner: it is CPU they no longer compete for.
 
-``make setup`` builds the archive once (``python -m onceflow_compute.spark_cds``): a small Spark
+``make setup`` builds the archive once (``python -m onceflow_compute.engine.cds``): a small Spark
 job runs with ``-XX:ArchiveClassesAtExit`` and the file is renamed into place when complete. It
 is keyed on the pyspark version and the JVM, so an upgrade builds a new one; a worker whose
 archive is missing or stale starts as before (the JVM ignores an archive it cannot use)."""
@@ -56,7 +56,7 @@ def build() -> Path | None:
     partial = archive.with_suffix(f".{os.getpid()}.dump")
     # A job that loads what a worker's first batches load: Arrow in, a grouped aggregate out.
     script = (
-        "from onceflow_compute.engines import SparkEngine\n"
+        "from onceflow_compute.engine.spark import SparkEngine\n"
         "import pyarrow as pa\n"
         f"engine = SparkEngine('local[1]', 1, '512m', 'onceflow-cds', java_options={f'-XX:ArchiveClassesAtExit={partial}'!r})\n"
         "frame = engine.frame(pa.table({'k': ['a', 'b', 'a'], 'v': [1, 2, 3]}))\n"

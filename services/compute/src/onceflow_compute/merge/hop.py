@@ -1,0 +1,34 @@
+"""What every merge-hop stage shares (stage ``compute-merge``, stateful, no engine: a plain
+aggregation's in aggregation.py, a windowed one's in windowed.py, a join's in joined.py): the
+job, where its result changes go and how they are keyed, and counting them once committed."""
+
+from __future__ import annotations
+
+from onceflow.txn.batch import Batch
+from onceflow.v1.results_pb2 import ResultChange
+
+from onceflow_compute import stats
+from onceflow_compute.api import Job, JSONValue
+from onceflow_compute.results import result_change, state_key
+
+
+class MergeHop:
+    name = "compute-merge"
+
+    def __init__(self, job: Job, results_topic: str, counts: stats.JobCounts) -> None:
+        self.job = job
+        self.results_topic = results_topic
+        self.counts = counts
+
+    def emit_change(self, batch: Batch, result_key: str, op: ResultChange.Op.ValueType, row: dict[str, JSONValue]) -> None:
+        # Keyed by the result row: compute.results is compacted per row (the sink rebuilds a table
+        # from it), and a row's changes stay in order on one results partition.
+        value = result_change(self.job.name, result_key, op, row)
+        batch.emit(self.results_topic, value, key=state_key(self.job.name, result_key))
+
+    def count_after_commit(self, batch: Batch, changes: int) -> None:
+        def count() -> None:
+            self.counts.results += changes
+            stats.RESULTS.labels(self.job.name).inc(changes)
+
+        batch.after_commit.append(count)

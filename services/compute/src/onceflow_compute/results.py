@@ -1,0 +1,16 @@
+"""What both hops write under one job's name: the key layout ``job \x00 key`` (of partials,
+result changes and the merge hop's state; docs/key-layouts.md) and result changes."""
+
+from __future__ import annotations
+
+from onceflow.v1.results_pb2 import ResultChange
+
+from onceflow_compute.api import JSONValue, encode_json
+
+
+def state_key(job: str, key: str) -> bytes:
+    return f"{job}\x00{key}".encode()
+
+
+def result_change(job: str, key: str, op: ResultChange.Op.ValueType, row: dict[str, JSONValue]) -> bytes:
+    return ResultChange(job=job, key=key, op=op, value=encode_json(row)).SerializeToString()
