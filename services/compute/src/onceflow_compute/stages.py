@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
 from confluent_kafka import Message
@@ -95,7 +95,7 @@ class MapStage:
         self._count_after_commit(batch, job_seconds, emitted, late)
         self._advance_watermarks_after_commit(batch, frame)
 
-    def on_assign(self, partitions: list[int]) -> None:
+    def on_assign(self, partitions: list[int], stores: Mapping[int, object]) -> None:
         self.watermarks.assign(partitions, now_ms())
 
     def on_revoke(self, partitions: list[int]) -> None:
