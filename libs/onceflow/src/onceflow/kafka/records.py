@@ -25,6 +25,14 @@ def offset_of(message: Message) -> int:
     return offset
 
 
+def headers_of(message: Message) -> tuple[tuple[str, bytes | None], ...]:
+    """A record's headers as (name, value) pairs; a value may be null. (A consumed record's
+    come as such pairs already; the typing allows a dict and str values, as produce takes.)"""
+    headers = message.headers() or ()
+    pairs = headers.items() if isinstance(headers, dict) else headers
+    return tuple((name, value.encode() if isinstance(value, str) else value) for name, value in pairs)
+
+
 def key_of(message: Message) -> bytes:
     """The key of a record that must have one (a changelog record: the state key)."""
     key = message.key()
