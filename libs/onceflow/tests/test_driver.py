@@ -90,7 +90,7 @@ class _Recorder(ConsumerDriver):
         )
         self.handled: list[tuple[int, int]] = []
 
-    def _handle(self, records: list[Any]) -> None:
+    def handle(self, records: list[Any]) -> None:
         self.handled += [(r.partition(), r.offset()) for r in records]
 
 

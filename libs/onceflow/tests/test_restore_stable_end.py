@@ -9,6 +9,7 @@ from confluent_kafka import KafkaError, Message
 
 from onceflow.config import CommonSettings
 from onceflow.state import stores as stores_module
+from onceflow.state.store import MemoryStore
 from onceflow.topology import Topic
 
 TOPIC = Topic.COMPUTE_CHANGELOG
@@ -52,7 +53,7 @@ class ScriptedReader:
 
 def test_a_restore_reads_past_a_stable_end_held_back_by_an_open_transaction(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(stores_module.clients, "reader", lambda _common, **_kw: ScriptedReader())
-    stores = stores_module.PartitionStores(CommonSettings(), TOPIC, restore_timeout_s=5.0)
+    stores = stores_module.PartitionStores(CommonSettings(), TOPIC, lambda _p: MemoryStore(), restore_timeout_s=5.0)
     stores.assign([1])
     assert stores[1].get(KEY) == b"v2"  # the previous owner's last committed value, not an older one
     assert stores[1].checkpoint == 3

@@ -36,11 +36,11 @@ class Stores(dict):
     """What the stage reads of the loop's PartitionStores: one store per partition."""
 
 
-def stage_with_one_partition() -> WindowedMergeStage:
+def stage_with_one_partition() -> tuple[WindowedMergeStage, Stores]:
     stage = WindowedMergeStage(JOB, Topic.COMPUTE_RESULTS, stats.JobCounts())
-    stage.stores = Stores({0: MemoryStore()})  # type: ignore[assignment]
-    stage.on_assign([0])
-    return stage
+    stores = Stores({0: MemoryStore()})
+    stage.on_assign([0], stores)
+    return stage, stores
 
 
 def partial(offset: int, user: str, amount: int, bucket_ms: int) -> Message:
@@ -59,22 +59,22 @@ def upserts(batch: Batch) -> list[dict]:
 
 
 def test_an_early_pane_fires_by_processing_time_with_no_input() -> None:
-    stage = stage_with_one_partition()
-    first = Batch([watermark(0, 0), partial(1, "u", 5, 1_000)], stage.stores, Topic.COMPUTE_DLQ, "compute-merge")
+    stage, stores = stage_with_one_partition()
+    first = Batch([watermark(0, 0), partial(1, "u", 5, 1_000)], stores, Topic.COMPUTE_DLQ, "compute-merge")
     stage.process(first)
     assert [row["total"] for row in upserts(first)] == [5]  # the first early pane: at once
 
-    second = Batch([partial(2, "u", 2, 2_000)], stage.stores, Topic.COMPUTE_DLQ, "compute-merge")
+    second = Batch([partial(2, "u", 2, 2_000)], stores, Topic.COMPUTE_DLQ, "compute-merge")
     second.now_ms = first.now_ms + 100
     stage.process(second)
     assert upserts(second) == []  # within early_every_ms of the last early pane: not yet
 
-    quiet = Batch([], stage.stores, Topic.COMPUTE_DLQ, "compute-merge")
+    quiet = Batch([], stores, Topic.COMPUTE_DLQ, "compute-merge")
     quiet.now_ms = first.now_ms + 1_500
     stage.punctuate(quiet)
     assert [row["total"] for row in upserts(quiet)] == [7]  # no partial arrived: processing time fired it
 
-    again = Batch([], stage.stores, Topic.COMPUTE_DLQ, "compute-merge")
+    again = Batch([], stores, Topic.COMPUTE_DLQ, "compute-merge")
     again.now_ms = first.now_ms + 3_000
     stage.punctuate(again)
     assert upserts(again) == []  # nothing new since: no pane repeats its row
@@ -88,8 +88,8 @@ def test_a_job_without_early_firings_does_nothing_on_punctuation() -> None:
         Topic.COMPUTE_RESULTS,
         stats.JobCounts(),
     )
-    stage.stores = Stores({0: MemoryStore()})  # type: ignore[assignment]
-    stage.on_assign([0])
-    batch = Batch([], stage.stores, Topic.COMPUTE_DLQ, "compute-merge")
+    stores = Stores({0: MemoryStore()})
+    stage.on_assign([0], stores)
+    batch = Batch([], stores, Topic.COMPUTE_DLQ, "compute-merge")
     stage.punctuate(batch)
     assert batch.outputs == [] and not batch.after_commit

@@ -15,6 +15,7 @@ from confluent_kafka import Message
 from onceflow import logs
 from onceflow.codec import decode_envelope, encode_envelope, new_id
 from onceflow.config import CommonSettings, LoopSettings
+from onceflow.state.stores import Changelog
 from onceflow.topology import Topic
 from onceflow.txn import Batch, RecordStage, TransactionalLoop
 from onceflow.v1.envelope_pb2 import Envelope
@@ -59,7 +60,7 @@ def main() -> None:
         group_id=common.topic("test-counter"),
         transactional_id=os.environ.get("COUNTER_TRANSACTIONAL_ID", common.topic(f"counter-{instance}")),
         dlq_topic=common.topic(DLQ),
-        changelog_topic=common.topic(CHANGELOG),
+        changelog=Changelog.in_memory(common.topic(CHANGELOG)),
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: loop.stop())

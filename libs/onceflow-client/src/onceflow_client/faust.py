@@ -23,7 +23,8 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from faust.types import EventT, StreamT
+from faust.streams import Stream
+from faust.types import EventT
 
 from onceflow.v1.ingest_pb2 import IngestRecord
 from onceflow_client.ingest import AsyncIngestClient, RecordsRejected, Rejection, Wait
@@ -32,11 +33,12 @@ from onceflow_client.records import to_record as as_ingest_record
 
 log = logging.getLogger(__name__)
 
-ToRecord = Callable[[EventT], RecordLike]
-OnRejected = Callable[[EventT, Rejection], Awaitable[None] | None]
+Event = EventT[Any]  # a consumed message with its key, value and position
+ToRecord = Callable[[Event], RecordLike]
+OnRejected = Callable[[Event, Rejection], Awaitable[None] | None]
 
 
-def record_id(event: EventT) -> str:
+def record_id(event: Event) -> str:
     """Where the event lives: the same id every time Faust reads it again."""
     message = event.message
     return f"{message.topic}/{message.partition}/{message.offset}"
@@ -52,19 +54,19 @@ def _as_bytes(value: Any) -> bytes:
     raise TypeError(f"a {type(value).__name__} key or value: give `to_record` for it, or use the raw serializer")
 
 
-def raw_record(event: EventT) -> IngestRecord:
+def raw_record(event: Event) -> IngestRecord:
     """The default mapping: the message's key and value as they are (a topic read with
     ``key_serializer="raw", value_serializer="raw"``), under its position's record id."""
     return IngestRecord(record_id=record_id(event).encode(), key=_as_bytes(event.key), payload=_as_bytes(event.value))
 
 
-async def _log_rejection(event: EventT, rejection: Rejection) -> None:
+async def _log_rejection(event: Event, rejection: Rejection) -> None:
     log.error("onceflow refused %s (%s: %s); it is left out: pass on_rejected to keep such events elsewhere",
               record_id(event), rejection.field, rejection.message)
 
 
 async def send_events(
-    events: Sequence[EventT],
+    events: Sequence[Event],
     ingest: AsyncIngestClient,
     to_record: ToRecord = raw_record,
     wait: Wait = "committed",
@@ -74,7 +76,7 @@ async def send_events(
     many ingest accepted. An event ``to_record`` cannot map, or whose record ingest refuses
     (INVALID_ARGUMENT), goes to ``on_rejected`` with the reason, and the rest are sent: one bad
     event never blocks the stream, and never silently disappears."""
-    pending: list[tuple[EventT, IngestRecord]] = []
+    pending: list[tuple[Event, IngestRecord]] = []
     for index, event in enumerate(events):
         try:
             pending.append((event, as_ingest_record(to_record(event))))
@@ -94,14 +96,14 @@ async def send_events(
     return 0
 
 
-async def _reject(on_rejected: OnRejected, event: EventT, rejection: Rejection) -> None:
+async def _reject(on_rejected: OnRejected, event: Event, rejection: Rejection) -> None:
     outcome = on_rejected(event, rejection)
     if inspect.isawaitable(outcome):
         await outcome
 
 
 async def forward(
-    stream: StreamT,
+    stream: Stream[Any],
     ingest: AsyncIngestClient,
     *,
     to_record: ToRecord = raw_record,

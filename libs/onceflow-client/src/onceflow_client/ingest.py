@@ -74,19 +74,19 @@ class _Retries:
     def next_wait(self, exc: grpc.RpcError, records: Sequence[IngestRecord]) -> float:
         """Seconds to wait before the next attempt; raises what the caller should see instead."""
         self.attempt += 1
-        code = exc.code()  # type: ignore[attr-defined]
+        code = exc.code()
         if code == grpc.StatusCode.INVALID_ARGUMENT:
             raise _rejected(exc, records) from None
         if code not in RETRIABLE or self.attempt >= self.policy.max_attempts:
             raise exc
-        log.debug("ingest attempt %d: %s %s; sending again", self.attempt, code.name, exc.details())  # type: ignore[attr-defined]
+        log.debug("ingest attempt %d: %s %s; sending again", self.attempt, code.name, exc.details())
         wait = max(_retry_after_s(exc), self.backoff_s)
         self.backoff_s = min(self.backoff_s * 2, self.policy.max_backoff_s)
         return wait
 
 
 def _rejected(exc: grpc.RpcError, records: Sequence[IngestRecord]) -> RecordsRejected:
-    details = exc.details() or ""  # type: ignore[attr-defined]
+    details = exc.details() or ""
     match = _FIELD.match(details)
     if match is None:
         return RecordsRejected([], details)
@@ -96,9 +96,12 @@ def _rejected(exc: grpc.RpcError, records: Sequence[IngestRecord]) -> RecordsRej
 
 
 def _retry_after_s(exc: grpc.RpcError) -> float:
-    for key, value in exc.trailing_metadata() or ():  # type: ignore[attr-defined]
-        if key == "retry-after-ms":
-            return int(value) / 1000
+    # (key, value) pairs: a tuple of them from a blocking call, an aio.Metadata that iterates as
+    # them from an asyncio one (the stubs type neither so).
+    trailers: Iterable[object] = exc.trailing_metadata() or ()
+    for entry in trailers:
+        if isinstance(entry, tuple) and entry[0] == "retry-after-ms":
+            return int(entry[1]) / 1000
     return 0.0
 
 
@@ -145,7 +148,8 @@ class IngestClient:
         retries = _Retries(self.policy)
         while True:
             try:
-                return self._stub.Ingest(request, timeout=self.policy.call_timeout_s)
+                reply: ingest_pb2.IngestReply = self._stub.Ingest(request, timeout=self.policy.call_timeout_s)
+                return reply
             except grpc.RpcError as exc:
                 pause = retries.next_wait(exc, request.records)
                 self.retries += 1
@@ -192,7 +196,8 @@ class AsyncIngestClient:
         retries = _Retries(self.policy)
         while True:
             try:
-                return await self._stub.Ingest(request, timeout=self.policy.call_timeout_s)
+                reply: ingest_pb2.IngestReply = await self._stub.Ingest(request, timeout=self.policy.call_timeout_s)
+                return reply
             except grpc.RpcError as exc:
                 pause = retries.next_wait(exc, request.records)
                 self.retries += 1

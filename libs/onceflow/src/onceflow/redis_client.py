@@ -36,7 +36,8 @@ def connect(url: str) -> redis.Redis:
         return redis.Redis.from_url(url, **options)
     sentinels, master, db = parse_sentinel_url(url)
     sentinel = Sentinel(sentinels, sentinel_kwargs={"socket_timeout": 1.0, "socket_connect_timeout": 1.0})
-    return sentinel.master_for(master, db=db, socket_timeout=5.0, socket_connect_timeout=2.0, **options)
+    primary: redis.Redis = sentinel.master_for(master, db=db, socket_timeout=5.0, socket_connect_timeout=2.0, **options)
+    return primary
 
 
 def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, int]:

@@ -18,11 +18,21 @@ from pydantic import BaseModel, ValidationError
 from pydantic_settings import BaseSettings
 
 from onceflow import __version__, logs, settings_docs
+from onceflow.config import CommonSettings
 
 EXIT_USAGE = 2
 S = TypeVar("S", bound=BaseSettings)
 # A setting whose name holds one of these is shown as set or not, never by value.
 _SECRET_WORDS = ("token", "password", "secret")
+
+
+def _common(settings: BaseSettings) -> CommonSettings:
+    """The common group every service's settings carry as ``common`` (the settings classes are
+    the services' own, so this is said at run time)."""
+    common = getattr(settings, "common", None)
+    if not isinstance(common, CommonSettings):
+        raise TypeError(f"{type(settings).__name__} has no common settings group")
+    return common
 
 
 def effective_settings(settings: BaseSettings) -> list[tuple[str, str]]:
@@ -105,5 +115,5 @@ def main(
         width = max(len(variable) for variable, _ in rows)
         print("\n".join(f"{variable.ljust(width)}  {value}" for variable, value in rows))
         sys.exit(0)
-    logs.setup(service, getattr(settings, "instance", ""), settings.common.log_level)  # type: ignore[attr-defined]
+    logs.setup(service, getattr(settings, "instance", ""), _common(settings).log_level)
     sys.exit(run(settings))

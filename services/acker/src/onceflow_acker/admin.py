@@ -12,6 +12,7 @@ import grpc
 
 from onceflow.acks import root_key
 from onceflow.codec import now_ms
+from onceflow.state.store import MemoryStore
 from onceflow.state.stores import PartitionStores
 from onceflow.v1 import acker_pb2, acker_pb2_grpc
 
@@ -55,7 +56,7 @@ class AckerAdminServicer(acker_pb2_grpc.AckerAdminServicer):
     stores per interval, not one per call; the answers are at most that old."""
 
     def __init__(
-        self, stores: PartitionStores, stats: AckerStats, ingest_topic: str,
+        self, stores: PartitionStores[MemoryStore], stats: AckerStats, ingest_topic: str,
         view_ttl_s: float = VIEW_TTL_S, clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._stores = stores
@@ -122,7 +123,7 @@ class AckerAdminServicer(acker_pb2_grpc.AckerAdminServicer):
     def Stats(self, request: acker_pb2.AckerStatsRequest, context: grpc.ServicerContext) -> acker_pb2.AckerStatsReply:
         p50, p99 = self._stats.latency_percentiles()
         return acker_pb2.AckerStatsReply(
-            pending=sum(len(store) for _p, store in self._stores.items()),  # type: ignore[arg-type]
+            pending=sum(len(store) for _p, store in self._stores.items()),
             completed=self._stats.completed,
             failed=self._stats.failed,
             timed_out=self._stats.timed_out,

@@ -5,6 +5,8 @@ from __future__ import annotations
 from onceflow.admin import ServerTLS, ServiceServer, Tokens
 from onceflow.admin.loop_controls import LoopControls
 from onceflow.runner import run_loop_service
+from onceflow.state.store import MemoryStore
+from onceflow.state.stores import Changelog
 from onceflow.topology import Topic
 from onceflow.txn import TransactionalLoop
 from onceflow.v1 import acker_pb2, acker_pb2_grpc
@@ -14,7 +16,7 @@ from onceflow_acker.config import AckerSettings
 from onceflow_acker.stage import PENDING, AckerStage, AckerStats
 
 
-def build(settings: AckerSettings) -> tuple[TransactionalLoop, ServiceServer]:
+def build(settings: AckerSettings) -> tuple[TransactionalLoop[MemoryStore], ServiceServer]:
     common = settings.common
     stats = AckerStats()
     ingest_topic = common.topic(Topic.INGEST_RECORDS)
@@ -26,14 +28,14 @@ def build(settings: AckerSettings) -> tuple[TransactionalLoop, ServiceServer]:
         group_id=settings.group_id,
         transactional_id=settings.transactional_id,
         dlq_topic=common.topic(Topic.ACKER_DLQ),
-        changelog_topic=common.topic(Topic.ACKER_CHANGELOG),
+        changelog=Changelog.in_memory(common.topic(Topic.ACKER_CHANGELOG)),
     )
     assert loop.stores is not None
     stores = loop.stores
     admin = AckerAdminServicer(stores, stats, ingest_topic)
 
     def pending_trees() -> float:
-        return float(sum(len(store) for _p, store in stores.items()))  # type: ignore[arg-type]
+        return float(sum(len(store) for _p, store in stores.items()))
 
     PENDING.set_function(pending_trees)
     server = ServiceServer(

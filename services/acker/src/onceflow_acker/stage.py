@@ -8,12 +8,15 @@ import struct
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from google.protobuf.message import DecodeError
 from prometheus_client import Counter, Gauge, Histogram
 
 from onceflow.acks import root_key
+from onceflow.kafka.records import partition_of
+from onceflow.state.store import MemoryStore
 from onceflow.txn.batch import Batch
 from onceflow.v1.acker_pb2 import AckerBatch, AckerMessage, TreeEvent
 
@@ -90,7 +93,7 @@ class AckerStage:
         self._event = TreeEvent()
         self._clock = SweepClock()
 
-    def process(self, batch: Batch) -> None:
+    def process(self, batch: Batch[MemoryStore]) -> None:
         now = batch.now_ms
         decisions: list[tuple[Outcome, int]] = []
         acks = 0
@@ -101,8 +104,9 @@ class AckerStage:
             except DecodeError as exc:
                 batch.dead_letter(record, exc)
                 continue
-            state = batch.state(record.partition())
-            self._clock.observe(record.partition(), record.timestamp()[1])
+            partition = partition_of(record)
+            state = batch.state(partition)
+            self._clock.observe(partition, record.timestamp()[1])
             acks += len(messages)
             for message in messages:
                 root_id = message.root_id
@@ -128,19 +132,20 @@ class AckerStage:
                     batch.dead_letter(record, exc, message.SerializeToString())
                     continue
                 if decision is None:
-                    state.put(key, tree.encode())  # type: ignore[union-attr]
+                    assert tree is not None  # apply() keeps a tree it has not decided
+                    state.put(key, tree.encode())
                 else:
                     state.delete(key)
                     decisions.append(self._emit(batch, root_id, decision, now))
         batch.after_commit.append(lambda: self.stats.record(acks, decisions))
 
-    def on_assign(self, partitions: list[int]) -> None:
+    def on_assign(self, partitions: list[int], stores: Mapping[int, MemoryStore]) -> None:
         self._clock.forget(partitions)
 
     def on_revoke(self, partitions: list[int]) -> None:
         self._clock.forget(partitions)
 
-    def punctuate(self, batch: Batch) -> None:
+    def punctuate(self, batch: Batch[MemoryStore]) -> None:
         """Time out trees past their deadline: by processing time, or while this partition's
         input is behind, by how far it has been read (``SweepClock``)."""
         decisions: list[tuple[Outcome, int]] = []
@@ -172,7 +177,7 @@ class AckerStage:
         if orphans:
             log.info("dropped %d expired entries of acks whose tree had no INIT (late acks of decided trees)", orphans)
 
-    def _emit(self, batch: Batch, root_id: int, decision: Decision, now: int) -> tuple[Outcome, int]:
+    def _emit(self, batch: Batch[MemoryStore], root_id: int, decision: Decision, now: int) -> tuple[Outcome, int]:
         tree = decision.tree
         latency = max(0, now - tree.started_ms)
         # One reused message: building a fresh TreeEvent with its nested RecordRef costs about

@@ -12,6 +12,7 @@ from onceflow.admin.loop_controls import LoopControls
 from onceflow.codec import now_ms
 from onceflow.kafka import inspect
 from onceflow.runner import run_loop_service
+from onceflow.state.stores import Changelog
 from onceflow.topology import Topic
 from onceflow.txn import TransactionalLoop
 from onceflow.v1 import compute_pb2, compute_pb2_grpc
@@ -28,7 +29,6 @@ from onceflow_compute.engine.spark import spark_engine
 from onceflow_compute.map.eventtime import EventTimeGate
 from onceflow_compute.map.stage import MapStage
 from onceflow_compute.merge.aggregation import MergeStage
-from onceflow_compute.merge.event_time import KeyedEventTimeMerge
 from onceflow_compute.merge.joined import JoinMergeStage
 from onceflow_compute.merge.windowed import WindowedMergeStage
 
@@ -92,7 +92,7 @@ def build(settings: ComputeSettings) -> tuple[list[TransactionalLoop], ServiceSe
         transactional_id=settings.transactional_id(job.name, "map"),
         dlq_topic=common.topic(Topic.COMPUTE_DLQ),
         # A windowed job's map hop keeps each input partition's newest event time.
-        changelog_topic=common.topic(Topic.COMPUTE_EVENTTIME) if windowed else None,
+        changelog=Changelog.in_memory(common.topic(Topic.COMPUTE_EVENTTIME)) if windowed else None,
     )
     loops = [map_loop]
     stores = None
@@ -106,12 +106,10 @@ def build(settings: ComputeSettings) -> tuple[list[TransactionalLoop], ServiceSe
             group_id=settings.group_id(job.name, "merge"),
             transactional_id=settings.transactional_id(job.name, "merge"),
             dlq_topic=common.topic(Topic.COMPUTE_DLQ),
-            changelog_topic=common.topic(Topic.COMPUTE_CHANGELOG),
+            changelog=Changelog.in_memory(common.topic(Topic.COMPUTE_CHANGELOG)),
         )
         loops.append(merge_loop)
         stores = merge_loop.stores
-        if isinstance(merge_stage, KeyedEventTimeMerge):
-            merge_stage.stores = stores
 
     admin = ComputeAdminServicer(
         job,

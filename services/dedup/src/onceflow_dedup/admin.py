@@ -34,7 +34,7 @@ class DedupAdminServicer(dedup_pb2_grpc.DedupAdminServicer):
     def __init__(
         self,
         gate: DedupGate,
-        stores: PartitionStores,
+        stores: PartitionStores[exact.DedupStore],
         client: redis.Redis,
         topic_prefix: str,
         spec: BucketSpec,
@@ -60,7 +60,7 @@ class DedupAdminServicer(dedup_pb2_grpc.DedupAdminServicer):
             expires_at_ms=bucket + self._spec.horizon_ms + self._spec.bucket_ms,
             partition=partition,
             owned=owned is not None,
-            filter_maybe=owned is not None and owned.might_contain(request.record_id),  # type: ignore[attr-defined]
+            filter_maybe=owned is not None and owned.might_contain(request.record_id),
         )
 
     def Stats(self, request: dedup_pb2.DedupStatsRequest, context: grpc.ServicerContext) -> dedup_pb2.DedupStatsReply:
@@ -75,9 +75,9 @@ class DedupAdminServicer(dedup_pb2_grpc.DedupAdminServicer):
             fast_path_ratio=counts.fast_path / counts.passed if counts.passed else 0.0,
             measured_false_positive_rate=counts.false_positives / counts.passed if counts.passed else 0.0,
             configured_false_positive_rate=self._spec.false_positive_rate,
-            buckets=sum(len(s.filters.buckets) for _p, s in owned),  # type: ignore[attr-defined]
-            filter_memory_bytes=sum(s.filters.memory_bytes for _p, s in owned),  # type: ignore[attr-defined]
-            ids_in_store=sum(len(s) for _p, s in owned),  # type: ignore[arg-type]
+            buckets=sum(len(s.filters.buckets) for _p, s in owned),
+            filter_memory_bytes=sum(s.filters.memory_bytes for _p, s in owned),
+            ids_in_store=sum(len(s) for _p, s in owned),
             expired_ids=counts.expired_ids,
             dead_letters=counts.dead_letters,
             forgotten=counts.forgotten,

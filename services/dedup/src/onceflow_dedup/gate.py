@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from confluent_kafka import Message
 
 from onceflow.codec import decode_envelope, encode_envelope, new_id
+from onceflow.kafka.records import partition_of
 from onceflow.txn.batch import Batch
 
 from onceflow_dedup import metrics
@@ -74,22 +75,21 @@ class DedupGate:
 
     # -- records -------------------------------------------------------------------------------
 
-    def process(self, batch: Batch) -> None:
+    def process(self, batch: Batch[DedupStore]) -> None:
         counts = GateCounts()
         for record in batch.records:
             self._gate(record, batch, counts)
         self._count_after_commit(batch, counts)
 
-    def _gate(self, record: Message, batch: Batch, counts: GateCounts) -> None:
+    def _gate(self, record: Message, batch: Batch[DedupStore], counts: GateCounts) -> None:
         try:
             envelope = decode_envelope(record.value() or b"")  # checks record_id too
         except Exception as exc:  # noqa: BLE001 - any undecodable record is poison, not a crash
             batch.dead_letter(record, exc)
             counts.dead_letters += 1
             return
-        partition = record.partition()
-        state = batch.state(partition)
-        store: DedupStore = state.store  # type: ignore[assignment]
+        state = batch.state(partition_of(record))
+        store = state.store
         key = envelope.record_id.encode()
         ingest_time = envelope.ingest_time_ms or batch.now_ms
         store.advance(ingest_time)
@@ -127,12 +127,12 @@ class DedupGate:
 
     # -- punctuation: GC and Forget ------------------------------------------------------------
 
-    def punctuate(self, batch: Batch) -> None:
+    def punctuate(self, batch: Batch[DedupStore]) -> None:
         counts = GateCounts()
         answered: list[tuple[ForgetRequest, bool, int]] = []
         for partition in batch.owned_partitions:
             state = batch.state(partition)
-            store: DedupStore = state.store  # type: ignore[assignment]
+            store = state.store
             budget = self._gc_limit
             for bucket in store.expired_buckets():
                 ids = store.bucket_ids(bucket, budget)
@@ -159,7 +159,7 @@ class DedupGate:
         if counts.expired_ids:
             log.info("GC: tombstoning %d ids of buckets past the horizon", counts.expired_ids)
 
-    def _forget(self, request: ForgetRequest, batch: Batch, counts: GateCounts) -> tuple[ForgetRequest, bool, int]:
+    def _forget(self, request: ForgetRequest, batch: Batch[DedupStore], counts: GateCounts) -> tuple[ForgetRequest, bool, int]:
         key = request.record_id.encode()
         for partition in batch.owned_partitions:
             state = batch.state(partition)
@@ -170,7 +170,7 @@ class DedupGate:
                 return request, True, partition
         return request, False, -1
 
-    def _count_after_commit(self, batch: Batch, counts: GateCounts) -> None:
+    def _count_after_commit(self, batch: Batch[DedupStore], counts: GateCounts) -> None:
         def count() -> None:
             self.counts.add(counts)
             metrics.RECORDS.labels("passed").inc(counts.passed)

@@ -11,6 +11,7 @@ from onceflow.kafka.inspect import partitions_of
 from onceflow.redis_client import connect
 from onceflow.runner import run_loop_service
 from onceflow.state.redis_store import RedisWatch
+from onceflow.state.stores import Changelog
 from onceflow.topology import Topic
 from onceflow.txn import TransactionalLoop
 from onceflow.v1 import dedup_pb2, dedup_pb2_grpc
@@ -21,7 +22,7 @@ from onceflow_dedup.config import DedupSettings
 from onceflow_dedup.gate import DedupGate
 
 
-def build(settings: DedupSettings) -> tuple[TransactionalLoop, ServiceServer]:
+def build(settings: DedupSettings) -> tuple[TransactionalLoop[exact.DedupStore], ServiceServer]:
     common = settings.common
     client = connect(common.redis_url)
     client.ping()  # fail at startup, with the URL in the error, rather than at the first record
@@ -37,10 +38,12 @@ def build(settings: DedupSettings) -> tuple[TransactionalLoop, ServiceServer]:
         group_id=settings.group_id,
         transactional_id=settings.transactional_id,
         dlq_topic=common.topic(Topic.DEDUP_DLQ),
-        changelog_topic=common.topic(Topic.DEDUP_CHANGELOG),
-        store_factory=lambda partition: exact.DedupStore(
-            client, common.topic_prefix, partition, spec, use_filters=settings.filters_enabled, watch=watch,
-            wait_replicas=common.redis_wait_replicas, wait_timeout_ms=common.redis_wait_timeout_ms,
+        changelog=Changelog(
+            common.topic(Topic.DEDUP_CHANGELOG),
+            lambda partition: exact.DedupStore(
+                client, common.topic_prefix, partition, spec, use_filters=settings.filters_enabled, watch=watch,
+                wait_replicas=common.redis_wait_replicas, wait_timeout_ms=common.redis_wait_timeout_ms,
+            ),
         ),
     )
     assert loop.stores is not None
@@ -53,7 +56,7 @@ def build(settings: DedupSettings) -> tuple[TransactionalLoop, ServiceServer]:
         return {
             "passed": float(gate.counts.passed),
             "dropped": float(gate.counts.dropped),
-            "filter_buckets": float(sum(len(s.filters.buckets) for _p, s in owned)),  # type: ignore[attr-defined]
+            "filter_buckets": float(sum(len(s.filters.buckets) for _p, s in owned)),
             # Partitions rebuilt from dedup.changelog after Redis lost or rolled back writes.
             "redis_repairs": float(stores.repairs),
             "redis_restarts_seen": float(watch.changes),

@@ -31,6 +31,7 @@ import logging
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
@@ -223,12 +224,12 @@ class DedupStore:
     def _call(
         self, script: redis.commands.core.Script, args: list[bytes | str | int], keys: list[str] | None = None,
         landed: str = "",
-    ) -> list:
+    ) -> list[Any]:
         """Run a checked script; its answer, or FencedError / StoreDiverged. ``landed``: the
         checkpoint this very call sets, found already set when the client retried a call whose
         reply was lost (the write landed once; that is not a divergence)."""
         with unavailable_on_error(self._name):
-            answer = script(keys=keys or [self.keys.meta, self.keys.ids], args=args)
+            answer: list[Any] = script(keys=keys or [self.keys.meta, self.keys.ids], args=args)
         status = decode(answer[0])
         if status == "fenced":
             raise FencedError(

@@ -7,10 +7,14 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from confluent_kafka import KafkaError, Message
 
 from onceflow import acks, faults, metrics
 from onceflow.config import CommonSettings
+from onceflow.kafka.records import offset_of, partition_of
 from onceflow.txn.errors import FencedError
 from onceflow.txn.producer import TransactionalProducer, TxnOutcome, open_producer
 from onceflow.v1.acker_pb2 import RecordRef
@@ -227,10 +231,10 @@ class GroupCommitter:
         (flush, still inside the transaction) and their offsets go into the INITs."""
         origins: list[tuple[int, int] | None] = [None] * len(records)
 
-        def delivered(index: int):  # type: ignore[no-untyped-def]
-            def callback(err, msg) -> None:  # type: ignore[no-untyped-def]
+        def delivered(index: int) -> Callable[[KafkaError | None, Message], None]:
+            def callback(err: KafkaError | None, msg: Message) -> None:
                 if err is None:
-                    origins[index] = (msg.partition(), msg.offset())
+                    origins[index] = (partition_of(msg), offset_of(msg))
 
             return callback
 

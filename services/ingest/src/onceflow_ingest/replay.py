@@ -13,6 +13,7 @@ from onceflow import acks
 from onceflow.codec import decode_envelope, encode_envelope, new_id, now_ms
 from onceflow.config import CommonSettings
 from onceflow.kafka import clients
+from onceflow.state.store import KeyValueStore
 from onceflow.txn.batch import Batch
 from onceflow.v1.acker_pb2 import TreeEvent
 from onceflow.v1.envelope_pb2 import DeadLetter
@@ -65,7 +66,7 @@ class ReplayStage:
         self.replayed = 0
         self.dead_lettered = 0
 
-    def process(self, batch: Batch) -> None:
+    def process(self, batch: Batch[KeyValueStore]) -> None:  # stateless: no store
         replayed = dead = 0
         for record in batch.records:
             event = TreeEvent.FromString(record.value() or b"")

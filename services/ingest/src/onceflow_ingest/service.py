@@ -9,6 +9,7 @@ from onceflow import metrics
 from onceflow.admin import RESERVED_FOR_ADMIN, ServerTLS, ServiceServer, StatusSnapshot, Tokens
 from onceflow.kafka.inspect import wait_partition_count
 from onceflow.runner import on_stop_signals
+from onceflow.state.store import KeyValueStore
 from onceflow.topology import Topic
 from onceflow.txn import TransactionalLoop
 from onceflow.txn.errors import EXIT_FENCED, EXIT_OK, EXIT_RESTART
@@ -52,7 +53,7 @@ class IngestService:
         ingest_topic = common.topic(Topic.INGEST_RECORDS)
         self.trees: InFlightTrees | None = None
         self.watcher: EventWatcher | None = None
-        self.replayer: TransactionalLoop | None = None
+        self.replayer: TransactionalLoop[KeyValueStore] | None = None
         self.replay_stage: ReplayStage | None = None
         acking = None
         if settings.acking:

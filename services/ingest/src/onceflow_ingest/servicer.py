@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import grpc
 
@@ -164,8 +164,8 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
 
 
-def _envelopes(records, ingest_time_ms: int) -> list[KafkaRecord]:  # type: ignore[no-untyped-def]
-    out = []
+def _envelopes(records: Iterable[ingest_pb2.IngestRecord], ingest_time_ms: int) -> list[KafkaRecord]:
+    out: list[KafkaRecord] = []
     for record in records:
         root_id, edge_id = new_id(), new_id()
         out.append((record.record_id, envelope_bytes(record, ingest_time_ms, root_id, edge_id), root_id, edge_id))

@@ -29,6 +29,7 @@ from google.protobuf.message import DecodeError
 
 from onceflow.state.redis_store import (
     RedisWatch,
+    as_bytes,
     decode,
     expect,
     take_token,
@@ -147,7 +148,9 @@ class ResultTables:
     def retake(self, partition: int, token: int) -> Answer:
         return self._run(self._retake, partition, [self.meta_key(partition)], [token])
 
-    def _run(self, script: redis.commands.core.Script, partition: int, keys: list[str], argv: list) -> Answer:
+    def _run(
+        self, script: redis.commands.core.Script, partition: int, keys: list[str], argv: list[str | bytes | int]
+    ) -> Answer:
         with unavailable_on_error(f"sink partition {partition}"):
             status, newest, stored = script(keys=keys, args=argv)
         text = decode(stored)
@@ -161,7 +164,8 @@ class ResultTables:
         return int(self._redis.hget(self.meta_key(partition), "rejected") or 0)
 
     def get(self, job: str, key: str) -> bytes | None:
-        return self._redis.hget(self.table_key(job), key)
+        value = self._redis.hget(self.table_key(job), key)
+        return None if value is None else as_bytes(value)
 
     def scan(self, job: str, prefix: str, limit: int, token: bytes = b"") -> tuple[list[tuple[str, bytes]], bytes]:
         """At most ``limit`` rows under ``prefix`` from where ``token`` left off, and the token
@@ -175,12 +179,14 @@ class ResultTables:
         if pending:
             due, pending = pending[:limit], pending[limit:]
             values = self._redis.hmget(self.table_key(job), due)
-            rows.extend((key, value) for key, value in zip(due, values) if value is not None)
+            rows.extend((key, as_bytes(value)) for key, value in zip(due, values) if value is not None)
         pattern = _glob_escape(prefix) + "*"
         while not pending and not done and len(rows) < limit:
             cursor, found = self._redis.hscan(self.table_key(job), cursor=cursor, match=pattern, count=limit)
             done = cursor == 0
-            step = sorted((key.decode(), value) for key, value in found.items())
+            if not isinstance(found, dict):  # redis-py types HSCAN's NOVALUES answer (a list) too
+                raise TypeError(f"HSCAN answered a {type(found).__name__}, not field-value pairs")
+            step = sorted((decode(key), as_bytes(value)) for key, value in found.items())
             room = limit - len(rows)
             rows.extend(step[:room])
             pending = [key for key, _ in step[room:]]
@@ -190,7 +196,7 @@ class ResultTables:
         return sorted(rows), after.SerializeToString()
 
     def table(self, job: str) -> dict[bytes, bytes]:
-        return self._redis.hgetall(self.table_key(job))
+        return {as_bytes(key): as_bytes(value) for key, value in self._redis.hgetall(self.table_key(job)).items()}
 
 
 def _position(token: bytes) -> ScanPosition:

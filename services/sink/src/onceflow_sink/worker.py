@@ -32,6 +32,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 from onceflow import acks, faults, metrics
 from onceflow.codec import now_ms
 from onceflow.config import CommonSettings, LoopSettings
+from onceflow.kafka.records import offset_of, partition_of
 from onceflow.state.store import StoreUnavailable
 from onceflow.topology import Topic
 from onceflow.txn.driver import ConsumerDriver, LoopStats
@@ -90,13 +91,13 @@ class SinkWorker(ConsumerDriver):
 
     # -- the driver's hooks ----------------------------------------------------------------
 
-    def _housekeeping(self) -> None:
+    def housekeeping(self) -> None:
         self._guarded(self._audit)
 
-    def _handle(self, records: list[Message]) -> None:
+    def handle(self, records: list[Message]) -> None:
         batches: dict[int, list[Message]] = defaultdict(list)
         for record in records:
-            batches[record.partition()].append(record)
+            batches[partition_of(record)].append(record)
 
         def apply() -> None:
             for partition, batch in batches.items():
@@ -129,7 +130,7 @@ class SinkWorker(ConsumerDriver):
             self.health_listener(False)
         for partition in list(self.owned):
             self._rewind(partition)
-        self._stop.wait(self._backoff_s(self._unavailable))
+        self.stopping.wait(self.backoff_s(self._unavailable))
 
     def _audit(self) -> None:
         """About once a second, each owned partition: does Redis still hold what was applied?
@@ -181,11 +182,11 @@ class SinkWorker(ConsumerDriver):
 
     def _apply_batch(self, partition: int, records: list[Message]) -> None:
         own = self.owned[partition]
-        records = [r for r in records if r.offset() > own.applied]
+        records = [r for r in records if offset_of(r) > own.applied]
         if not records:
             return
         started = time.monotonic()
-        last = records[-1].offset()
+        last = offset_of(records[-1])
         changes: list[Change] = []
         letters: list[tuple[Message, str]] = []
         edges: list[tuple[int, int]] = []
@@ -193,11 +194,11 @@ class SinkWorker(ConsumerDriver):
             try:
                 change = _decode(record.value())
             except ValueError as exc:
-                if record.offset() >= own.letters_done:
+                if offset_of(record) >= own.letters_done:
                     letters.append((record, str(exc)))
                 continue
             changes.append(Change(_OPS[change.op], change.job, change.key, change.value))
-            if change.root_id and change.edge_id and record.offset() > own.replay_until:
+            if change.root_id and change.edge_id and offset_of(record) > own.replay_until:
                 edges.append((change.root_id, change.edge_id))
         if letters and not self._write_letters(partition, letters, last):
             return
@@ -227,8 +228,7 @@ class SinkWorker(ConsumerDriver):
     def _write_letters(self, partition: int, letters: list[tuple[Message, str]], last: int) -> bool:
         """Dead letters and the batch's consumer offset in one transaction. False: not written
         (the partition is rewound to retry the batch)."""
-        producer, consumer = self._producer, self._consumer
-        assert producer is not None and consumer is not None
+        producer, consumer = self.producer, self.consumer
 
         def write() -> None:
             for record, reason in letters:
@@ -256,16 +256,15 @@ class SinkWorker(ConsumerDriver):
         return True
 
     def _send_acks(self, partition: int, edges: list[tuple[int, int]], last: int) -> None:
-        producer, consumer = self._producer, self._consumer
-        assert producer is not None and consumer is not None
-        buffer = acks.AckBuffer(self._ack_partitions)
+        producer, consumer = self.producer, self.consumer
+        buffer = acks.AckBuffer(self.ack_partitions)
         for root_id, edge_id in edges:
             buffer.add(acks.ack(root_id, edge_id, (), "sink"))
         sealed = buffer.seal()
 
         def write() -> None:
             for ack_partition, value in sealed:
-                producer.produce(self._acks_topic, value, partition=ack_partition)
+                producer.produce(self.acks_topic, value, partition=ack_partition)
             producer.send_offsets([TopicPartition(self.topic, partition, last + 1)], consumer)
 
         result = producer.transact(write)
@@ -287,19 +286,19 @@ class SinkWorker(ConsumerDriver):
         log.warning("sink: %s", message)
 
     def _rewind(self, partition: int, refresh_letters: bool = False) -> None:
-        assert self._consumer is not None
+        consumer = self.consumer
         own = self.owned[partition]
         if refresh_letters:
-            committed = committed_offsets(self._consumer, [TopicPartition(self.topic, partition)], self._stop)
+            committed = committed_offsets(consumer, [TopicPartition(self.topic, partition)], self.stopping)
             if committed is None:
                 return  # stopping
             own.letters_done = max(own.letters_done, committed[0].offset)
-        self._consumer.seek(TopicPartition(self.topic, partition, own.applied + 1 if own.applied >= 0 else OFFSET_BEGINNING))
+        consumer.seek(TopicPartition(self.topic, partition, own.applied + 1 if own.applied >= 0 else OFFSET_BEGINNING))
 
     # -- rebalance (inside poll, between batches) ------------------------------------------
 
-    def _assigning(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        committed = committed_offsets(consumer, partitions, self._stop) if partitions else []
+    def assigning(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        committed = committed_offsets(consumer, partitions, self.stopping) if partitions else []
         if committed is None:
             return  # stopping
         for tp, kafka in zip(partitions, committed, strict=True):
@@ -320,14 +319,14 @@ class SinkWorker(ConsumerDriver):
                 failures += 1
                 self._note(f"Redis unavailable while taking partition {partition}: {exc}")
                 self.health_listener(False)
-                if self._stop.wait(self._backoff_s(failures)):
+                if self.stopping.wait(self.backoff_s(failures)):
                     return -1, -1
                 continue
             if failures:
                 self.health_listener(True)
             return ownership
 
-    def _revoked(self, partitions: list[TopicPartition]) -> None:
+    def revoked(self, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
             self.owned.pop(tp.partition, None)
 

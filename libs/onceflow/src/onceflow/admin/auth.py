@@ -14,7 +14,7 @@ import hmac
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -22,6 +22,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from onceflow.config import CommonSettings, secret
 
 log = logging.getLogger(__name__)
+
+# The messages of the method an interceptor passes through, whatever they are.
+Request = TypeVar("Request")
+Response = TypeVar("Response")
 
 OPEN_METHODS = frozenset(
     {
@@ -97,14 +101,16 @@ class ClientTokens(BaseSettings):
         return self.read() or self.admin()
 
 
-def _deny(message: str) -> grpc.RpcMethodHandler:
+def _deny(message: str) -> grpc.RpcMethodHandler[Any, Any]:
     def handler(_request: Any, context: grpc.ServicerContext) -> None:
         context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
     return grpc.unary_unary_rpc_method_handler(handler)
 
 
-def _matches(presented: str, *tokens: str) -> bool:
+def _matches(presented: str | bytes, *tokens: str) -> bool:
+    if isinstance(presented, bytes):  # only a "-bin" key carries bytes: never a bearer token
+        return False
     scheme, _, token = presented.partition(" ")
     if scheme.lower() != "bearer" or not token:
         return False
@@ -120,9 +126,9 @@ class TokenAuthInterceptor(grpc.ServerInterceptor):
 
     def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler],
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Request, Response] | None],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> grpc.RpcMethodHandler[Request, Response] | None:
         method = handler_call_details.method
         kind = access(method)
         if kind is Access.OPEN or (kind is Access.READ and not self._tokens.read):

@@ -16,11 +16,12 @@ from pathlib import Path
 
 import grpc
 from google.protobuf.message import Message
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from onceflow import topology
 from onceflow.admin.tls import ClientTLS, channel
 from onceflow.config import repo_root
+from onceflow.probe import check_health
 from onceflow.v1 import admin_pb2, admin_pb2_grpc
 
 DOWN = "DOWN"
@@ -77,7 +78,7 @@ def load_endpoints(path: Path) -> list[Endpoint]:
 
 
 def _error(exc: grpc.RpcError) -> str:
-    return f"{exc.code().name}: {exc.details()}"  # type: ignore[attr-defined]
+    return f"{exc.code().name}: {exc.details()}"
 
 
 def query(
@@ -97,7 +98,7 @@ def query(
         return ServiceStatus(endpoint, DOWN, error=str(exc))
     with chan:
         try:
-            reply = health_pb2_grpc.HealthStub(chan).Check(health_pb2.HealthCheckRequest(), timeout=remaining())
+            reply = check_health(chan, timeout_s=remaining())
         except grpc.RpcError as exc:
             return ServiceStatus(endpoint, DOWN, error=_error(exc))
         health = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)

@@ -14,6 +14,7 @@ from confluent_kafka.admin import OffsetSpec
 
 from onceflow.config import CommonSettings
 from onceflow.kafka import clients
+from onceflow.kafka.records import headers_of, offset_of, partition_of
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +25,7 @@ class TopicRecord:
     offset: int
     key: bytes | None
     value: bytes | None
-    headers: tuple[tuple[str, bytes], ...]
+    headers: tuple[tuple[str, bytes | None], ...]
 
     def header(self, name: str) -> bytes | None:
         return next((v for k, v in self.headers if k == name), None)
@@ -187,7 +188,7 @@ def _read(
                         continue
                     raise RuntimeError(f"reading {topic}: {error}")
                 record = TopicRecord(
-                    message.partition(), message.offset(), message.key(), message.value(), tuple(message.headers() or ())
+                    partition_of(message), offset_of(message), message.key(), message.value(), headers_of(message)
                 )
                 if keep is None or keep(record):
                     records.append(record)

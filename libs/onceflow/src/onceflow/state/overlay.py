@@ -7,23 +7,32 @@ changelog does not.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterator
+from typing import Generic, Literal
 
-from onceflow.state.store import KeyValueStore
-
-_ABSENT = object()
+from onceflow.state.store import StoreT
 
 
-class StateTransaction:
-    def __init__(self, store: KeyValueStore) -> None:
+class _Absent(enum.Enum):
+    """A key the overlay did not hold (None is a tombstone, so it cannot say that)."""
+
+    ABSENT = enum.auto()
+
+
+_ABSENT: Literal[_Absent.ABSENT] = _Absent.ABSENT
+
+
+class StateTransaction(Generic[StoreT]):
+    def __init__(self, store: StoreT) -> None:
         self._store = store
         self.changes: dict[bytes, bytes | None] = {}
         # (key, previous overlay entry or _ABSENT): lets one record's writes be rolled back
         # without copying the overlay per record.
-        self._undo: list[tuple[bytes, object]] = []
+        self._undo: list[tuple[bytes, bytes | None | _Absent]] = []
 
     @property
-    def store(self) -> KeyValueStore:
+    def store(self) -> StoreT:
         """The committed store under this overlay (for what a stage keeps beside it)."""
         return self._store
 
@@ -53,9 +62,9 @@ class StateTransaction:
         for key, value in self._store.items():
             if key not in self.changes:
                 yield key, value
-        for key, value in self.changes.items():
-            if value is not None:
-                yield key, value
+        for key, change in self.changes.items():
+            if change is not None:
+                yield key, change
 
     def _write(self, key: bytes, value: bytes | None) -> None:
         self._undo.append((key, self.changes.get(key, _ABSENT)))
@@ -70,4 +79,4 @@ class StateTransaction:
             if previous is _ABSENT:
                 self.changes.pop(key, None)
             else:
-                self.changes[key] = previous  # type: ignore[assignment]
+                self.changes[key] = previous

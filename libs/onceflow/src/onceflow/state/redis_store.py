@@ -54,6 +54,12 @@ def decode(value: bytes | str | int | None) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def as_bytes(value: bytes | str) -> bytes:
+    """A reply as bytes. onceflow's clients never decode replies, but redis-py types every reply
+    as either."""
+    return value if isinstance(value, bytes) else value.encode()
+
+
 class RedisWatch:
     """Redis' run_id and replication id, read at most once per ``interval_s``. A change means a
     restart or a failover. It is logged, so an operator can tie a repair to its cause; whether

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 
 class StoreDiverged(Exception):
@@ -44,6 +44,11 @@ class KeyValueStore(Protocol):
         """Raise StoreDiverged if the store no longer holds what this owner wrote (cheap)."""
 
     def close(self) -> None: ...
+
+
+# The store type of a hop: a loop, its partition stores, its batches and its stage are generic
+# in it, so a stage reads its own store's methods (the gate's Bloom filters) without a downcast.
+StoreT = TypeVar("StoreT", bound=KeyValueStore)
 
 
 class MemoryStore:

@@ -7,13 +7,16 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Generic
 
 from confluent_kafka import KafkaError, TopicPartition
 
 from onceflow import metrics
 from onceflow.config import CommonSettings
 from onceflow.kafka import clients
-from onceflow.state.store import KeyValueStore, MemoryStore, StoreDiverged, StoreUnavailable
+from onceflow.kafka.records import key_of, offset_of, partition_of
+from onceflow.state.store import MemoryStore, StoreDiverged, StoreT, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -22,14 +25,28 @@ log = logging.getLogger(__name__)
 _REBUILD_TRIES = 5
 
 
-class PartitionStores:
+@dataclass(frozen=True)
+class Changelog(Generic[StoreT]):
+    """A hop's state: the changelog topic it materialises, and the store an owned partition gets
+    (its type is the one the hop's stage is handed)."""
+
+    topic: str
+    store_factory: Callable[[int], StoreT]
+
+    @staticmethod
+    def in_memory(topic: str) -> Changelog[MemoryStore]:
+        """A `MemoryStore` per partition: every assignment restores the whole changelog."""
+        return Changelog(topic, lambda _partition: MemoryStore())
+
+
+class PartitionStores(Generic[StoreT]):
     """One store per owned input partition; changelog partition number = input partition number."""
 
     def __init__(
         self,
         common: CommonSettings,
         changelog_topic: str,
-        store_factory: Callable[[int], KeyValueStore] = lambda _partition: MemoryStore(),
+        store_factory: Callable[[int], StoreT],
         restore_timeout_s: float = 60.0,  # without a record read: a stalled restore
         service: str = "",
     ) -> None:
@@ -38,13 +55,13 @@ class PartitionStores:
         self.changelog_topic = changelog_topic
         self._factory = store_factory
         self._restore_timeout_s = restore_timeout_s
-        self._stores: dict[int, KeyValueStore] = {}
+        self._stores: dict[int, StoreT] = {}
         self.restored_records = 0
         # Rebuilds after a divergence, and the last one's reason (Status, metrics, logs).
         self.repairs = 0
         self.last_repair = ""
 
-    def __getitem__(self, partition: int) -> KeyValueStore:
+    def __getitem__(self, partition: int) -> StoreT:
         return self._stores[partition]
 
     def __contains__(self, partition: int) -> bool:
@@ -54,7 +71,7 @@ class PartitionStores:
     def partitions(self) -> list[int]:
         return sorted(self._stores)
 
-    def items(self) -> list[tuple[int, KeyValueStore]]:
+    def items(self) -> list[tuple[int, StoreT]]:
         """A snapshot of (partition, store) pairs: safe to call from another thread (admin)."""
         return list(self._stores.items())
 
@@ -172,21 +189,22 @@ class PartitionStores:
                 next_offsets: dict[int, int] = {}
                 for message in reader.consume(num_messages=10_000, timeout=0.5):
                     progressed = time.monotonic()
-                    partition = message.partition()
                     error = message.error()
                     if error is not None:
                         if error.code() == KafkaError._PARTITION_EOF:
+                            partition = partition_of(message)
                             if partition not in ends:  # the fetch's high watermark, not the stable end
                                 _low, high = reader.get_watermark_offsets(
                                     TopicPartition(self.changelog_topic, partition), cached=True
                                 )
                                 ends[partition] = high
-                            if message.offset() >= ends[partition]:
+                            if offset_of(message) >= ends[partition]:
                                 pending.discard(partition)
                             continue
-                        raise RuntimeError(f"restore of {self.changelog_topic}[{partition}]: {error}")
-                    changes.setdefault(partition, {})[message.key()] = message.value()
-                    next_offsets[partition] = message.offset() + 1
+                        raise RuntimeError(f"restore of {self.changelog_topic}[{message.partition()}]: {error}")
+                    partition = partition_of(message)
+                    changes.setdefault(partition, {})[key_of(message)] = message.value()
+                    next_offsets[partition] = offset_of(message) + 1
                     applied += 1
                 for partition, chunk in changes.items():
                     self._stores[partition].apply(chunk, checkpoint=next_offsets[partition])

@@ -6,13 +6,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Generic, Protocol
 
 from confluent_kafka import Message
 
 from onceflow import acks
 from onceflow.codec import now_ms
 from onceflow.state.overlay import StateTransaction
+from onceflow.state.store import StoreT
 from onceflow.state.stores import PartitionStores
 from onceflow.v1.acker_pb2 import RecordRef
 from onceflow.v1.envelope_pb2 import DeadLetter, Envelope
@@ -36,11 +37,13 @@ class Savepoint:
     state: dict[int, int] = field(default_factory=dict)
 
 
-class Batch:
+class Batch(Generic[StoreT]):
+    """Generic in the hop's store type: ``state(p).store`` is the stage's own store."""
+
     def __init__(
         self,
         records: list[Message],
-        stores: PartitionStores | None,
+        stores: PartitionStores[StoreT] | None,
         dlq_topic: str,
         stage: str,
         acks_topic: str = "",
@@ -55,7 +58,7 @@ class Batch:
         # Run by the loop once this batch's transaction has committed (and never otherwise).
         self.after_commit: list[Callable[[], None]] = []
         self._stores = stores
-        self._overlays: dict[int, StateTransaction] = {}
+        self._overlays: dict[int, StateTransaction[StoreT]] = {}
         self._dlq_topic = dlq_topic
         self._stage = stage
         self._caught_up: frozenset[int] | None = None
@@ -70,7 +73,7 @@ class Batch:
     ) -> None:
         self.outputs.append(Output(topic, value, key, partition, headers))
 
-    def state(self, partition: int) -> StateTransaction:
+    def state(self, partition: int) -> StateTransaction[StoreT]:
         """The transactional view of the store of an input partition this worker owns."""
         if self._stores is None:
             raise RuntimeError(f"stage {self._stage} declared no changelog, so it has no state")
@@ -80,7 +83,7 @@ class Batch:
         return overlay
 
     @property
-    def overlays(self) -> dict[int, StateTransaction]:
+    def overlays(self) -> dict[int, StateTransaction[StoreT]]:
         return self._overlays
 
     @property
@@ -160,29 +163,36 @@ class Batch:
             self.dead_letters += 1
 
 
-class Stage(Protocol):
+class Stage(Protocol[StoreT]):
     """The pure part of a service: turns a batch of input records into outputs and state.
+    Generic in its hop's store type (a stateless stage may say `KeyValueStore`).
 
-    A stage may also define ``punctuate(batch)``: called every
-    ``ONCEFLOW_LOOP_PUNCTUATE_MS`` of processing time, inside a transaction, even when no
-    records arrived (timeouts, sweeps); and ``on_assign(partitions)`` / ``on_revoke(partitions)``:
-    called from the rebalance callbacks, after the loop restored or dropped the partitions'
-    stores (never with a transaction open); ``on_rollback()``: called after a batch was
-    abandoned (aborted, or the stage failed), once the stores hold only committed state again,
-    so a stage that caches state in memory reloads it."""
+    A stage may also define (the loop calls those it has, never with a transaction open but
+    for ``punctuate``):
+
+    - ``punctuate(batch: Batch[StoreT])``: every ``ONCEFLOW_LOOP_PUNCTUATE_MS`` of processing
+      time, inside a transaction, even when no records arrived (timeouts, sweeps);
+    - ``on_assign(partitions: list[int], stores: Mapping[int, StoreT])``: from the rebalance
+      callback, with the newly owned partitions and their stores, restored from the changelog
+      (empty for a hop without one). A store stays its partition's until ``on_revoke``, also
+      through a rebuild, so a stage may keep it;
+    - ``on_revoke(partitions: list[int])``: after the loop dropped the partitions' stores;
+    - ``on_rollback()``: after a batch was abandoned (aborted, or the stage failed), once the
+      stores hold only committed state again, so a stage that caches state in memory reloads it.
+    """
 
     name: str
 
-    def process(self, batch: Batch) -> None: ...
+    def process(self, batch: Batch[StoreT]) -> None: ...
 
 
-class RecordStage:
+class RecordStage(Generic[StoreT]):
     """A stage that handles records one at a time. A record that raises is rolled back alone
     and goes to the DLQ; the rest of the batch commits."""
 
     name = "stage"
 
-    def process(self, batch: Batch) -> None:
+    def process(self, batch: Batch[StoreT]) -> None:
         for record in batch.records:
             savepoint = batch.savepoint()
             try:
@@ -191,5 +201,5 @@ class RecordStage:
                 batch.rollback_to(savepoint)
                 batch.dead_letter(record, exc)
 
-    def process_record(self, record: Message, batch: Batch) -> None:
+    def process_record(self, record: Message, batch: Batch[StoreT]) -> None:
         raise NotImplementedError

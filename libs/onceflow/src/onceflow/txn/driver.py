@@ -72,8 +72,9 @@ class LoopStats:
 
 
 class ConsumerDriver:
-    """Subclasses give `_handle` (a polled batch, possibly empty: commit it, or rewind, before
-    returning) and may give the other `_`-hooks below."""
+    """Subclasses give `handle` (a polled batch, possibly empty: commit it, or rewind, before
+    returning) and may give the other hooks below; they reach the producer, the consumer and
+    the rest through the public names of "for the commit strategy" below, nothing private."""
 
     def __init__(
         self,
@@ -88,13 +89,13 @@ class ConsumerDriver:
     ) -> None:
         self.name = name
         self._common = common
-        self._settings = settings
+        self.settings = settings
         self.input_topic = input_topic
         self.group_id = group_id
         self.transactional_id = transactional_id
         self.stats = stats if stats is not None else LoopStats()
         self.state = LoopState.STARTING
-        self._stop = threading.Event()
+        self.stopping = threading.Event()
         self._pause_requested = False
         self._drain_requested = False
         self._drained = threading.Event()
@@ -102,8 +103,8 @@ class ConsumerDriver:
         self._last_progress = 0.0
         self._producer: TransactionalProducer | None = None
         self._consumer: Consumer | None = None
-        self._acks_topic = common.topic(Topic.ACKER_ACKS)
-        self._ack_partitions = 1
+        self.acks_topic = common.topic(Topic.ACKER_ACKS)
+        self.ack_partitions = 1
         self._batch_bound = settings.min_batch_records or settings.max_batch_records
         self.stats.batch_bound = self._batch_bound
         # Told False when the hop cannot make progress (stage failing, store unavailable), True
@@ -114,7 +115,7 @@ class ConsumerDriver:
 
     def stop(self) -> None:
         """Graceful: the current batch finishes and commits, then the hop leaves the group."""
-        self._stop.set()
+        self.stopping.set()
 
     def pause(self) -> None:
         self._pause_requested = True
@@ -129,45 +130,76 @@ class ConsumerDriver:
         self._drain_requested = True
         return self._drained.wait(timeout_s)
 
+    # -- for the commit strategy (a subclass) ----------------------------------------------
+
+    @property
+    def producer(self) -> TransactionalProducer:
+        """The hop's producer, from `run` on."""
+        if self._producer is None:
+            raise RuntimeError(f"{self.name}: the producer is opened by run()")
+        return self._producer
+
+    @property
+    def consumer(self) -> Consumer:
+        """The hop's consumer, from `run` on."""
+        if self._consumer is None:
+            raise RuntimeError(f"{self.name}: the consumer is created by run()")
+        return self._consumer
+
+    @property
+    def paused(self) -> bool:
+        """Paused or drained right now: the assignment is paused, nothing is read."""
+        return self._paused_now
+
+    def backoff_s(self, failures: int) -> float:
+        """The wait before retry ``failures`` (1, 2, ...): doubling, capped."""
+        return min(self.settings.max_retry_backoff_s, self.settings.retry_backoff_s * 2.0 ** (failures - 1))
+
+    def halve_batch_bound(self) -> None:
+        """After a failed batch, with an adaptive bound: a smaller retry is cheaper to pick apart."""
+        if self.settings.min_batch_records:
+            self._batch_bound = max(self.settings.min_batch_records, self._batch_bound // 2)
+            self.stats.batch_bound = self._batch_bound
+
     # -- hooks -----------------------------------------------------------------------------
 
-    def _consumer_overrides(self) -> dict[str, Any]:
+    def consumer_overrides(self) -> dict[str, Any]:
         return {}
 
-    def _assigning(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def assigning(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Before the consumer takes the partitions: restore their state; may set offsets."""
 
-    def _assigned(self, partitions: list[TopicPartition]) -> None:
+    def assigned(self, partitions: list[TopicPartition]) -> None:
         """After the consumer took them."""
 
-    def _revoked(self, partitions: list[TopicPartition]) -> None:
+    def revoked(self, partitions: list[TopicPartition]) -> None:
         """No batch is open when this runs: callbacks only run inside poll."""
 
-    def _housekeeping(self) -> None:
+    def housekeeping(self) -> None:
         """Before each poll while not paused: audits of external state."""
 
-    def _handle(self, records: list[Message]) -> None:
+    def handle(self, records: list[Message]) -> None:
         raise NotImplementedError
 
     # -- the driver (one thread) -----------------------------------------------------------
 
     def run(self) -> int:
         try:
-            self._producer = open_producer(self._common, self.transactional_id, self._settings.commit_timeout_s, self._stop)
+            self._producer = open_producer(self._common, self.transactional_id, self.settings.commit_timeout_s, self.stopping)
         except FencedError as exc:
             log.error("%s: cannot start: %s", self.name, exc)
             return EXIT_FENCED
-        self._ack_partitions = wait_partition_count(self._common, self._acks_topic, self._stop)
-        if self._ack_partitions == 0:
+        self.ack_partitions = wait_partition_count(self._common, self.acks_topic, self.stopping)
+        if self.ack_partitions == 0:
             return EXIT_OK  # stopped while waiting for the broker
         self._consumer = clients.consumer(
             self._common,
             self.group_id,
-            **{"session.timeout.ms": self._settings.session_timeout_ms},
+            **{"session.timeout.ms": self.settings.session_timeout_ms},
             # End-of-partition events move the position past a final transaction marker, so
             # "position == high watermark" means read to the end (lag, sweeps).
             **{"enable.partition.eof": True},
-            **self._consumer_overrides(),
+            **self.consumer_overrides(),
         )
         self._consumer.subscribe(
             [self.input_topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
@@ -176,13 +208,13 @@ class ConsumerDriver:
         self.state = LoopState.RUNNING
         log.info("%s: consuming %s as %s", self.name, self.input_topic, self.transactional_id)
         try:
-            while not self._stop.is_set():
+            while not self.stopping.is_set():
                 self._apply_pause()
                 if not self._paused_now:
-                    self._housekeeping()
+                    self.housekeeping()
                 records = self._poll()
                 membership.observe(self._consumer)
-                self._handle(records)
+                self.handle(records)
                 if not records and self._drain_requested:
                     self._drained.set()
                 self._sample_progress()
@@ -210,9 +242,9 @@ class ConsumerDriver:
         consumer, bound = self._consumer, self._batch_bound
         messages = consumer.consume(num_messages=bound, timeout=0)
         if not messages:
-            messages = consumer.consume(num_messages=1, timeout=self._settings.max_batch_ms / 1000)
-        if messages and len(messages) < bound and self._settings.linger_ms:
-            messages += consumer.consume(num_messages=bound - len(messages), timeout=self._settings.linger_ms / 1000)
+            messages = consumer.consume(num_messages=1, timeout=self.settings.max_batch_ms / 1000)
+        if messages and len(messages) < bound and self.settings.linger_ms:
+            messages += consumer.consume(num_messages=bound - len(messages), timeout=self.settings.linger_ms / 1000)
         records = []
         for message in messages:
             error = message.error()
@@ -227,7 +259,7 @@ class ConsumerDriver:
         """Grow under load (a full batch: more was waiting), shrink when idle, so a hop with a
         fixed cost per batch (a Spark job, a transaction) amortises it at high rates and stays
         prompt at low. ONCEFLOW_LOOP_MIN_BATCH_RECORDS=0 keeps the bound at the maximum."""
-        low, high = self._settings.min_batch_records, self._settings.max_batch_records
+        low, high = self.settings.min_batch_records, self.settings.max_batch_records
         if not low:
             return
         if polled >= self._batch_bound:
@@ -236,21 +268,17 @@ class ConsumerDriver:
             self._batch_bound = max(low, self._batch_bound // 2)
         self.stats.batch_bound = self._batch_bound
 
-    def _backoff_s(self, failures: int) -> float:
-        """The wait before retry ``failures`` (1, 2, ...): doubling, capped."""
-        return min(self._settings.max_retry_backoff_s, self._settings.retry_backoff_s * 2 ** (failures - 1))
-
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         log.info("%s: assigned %s", self.name, [p.partition for p in partitions])
-        self._assigning(consumer, partitions)
+        self.assigning(consumer, partitions)
         consumer.assign(partitions)
         if self._paused_now:  # a paused hop must not read its new partitions either
             consumer.pause(partitions)
-        self._assigned(partitions)
+        self.assigned(partitions)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         log.info("%s: revoked %s", self.name, [p.partition for p in partitions])
-        self._revoked(partitions)
+        self.revoked(partitions)
 
     def _apply_pause(self) -> None:
         assert self._consumer is not None

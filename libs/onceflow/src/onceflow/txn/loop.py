@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Generic
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
 from onceflow import faults, metrics
 from onceflow.config import CommonSettings, LoopSettings
-from onceflow.state.store import KeyValueStore, MemoryStore, StoreDiverged, StoreUnavailable
-from onceflow.state.stores import PartitionStores
+from onceflow.kafka.records import offset_of, partition_of
+from onceflow.state.store import StoreDiverged, StoreT, StoreUnavailable
+from onceflow.state.stores import Changelog, PartitionStores
 from onceflow.txn.batch import Batch, Stage
 from onceflow.txn.driver import ConsumerDriver
 from onceflow.txn.offsets import committed_offsets
@@ -31,22 +32,22 @@ from onceflow.txn.producer import TxnOutcome
 log = logging.getLogger(__name__)
 
 
-class TransactionalLoop(ConsumerDriver):
+class TransactionalLoop(ConsumerDriver, Generic[StoreT]):
     """The driver with a stage and Kafka transactions: outputs, changelog and offsets commit
-    together, then the stores take the committed overlay."""
+    together, then the stores take the committed overlay. Generic in the store type its
+    ``changelog`` makes, which its stage is handed (``Batch[StoreT]``, ``on_assign``)."""
 
     def __init__(
         self,
         *,
-        stage: Stage,
+        stage: Stage[StoreT],
         common: CommonSettings,
         settings: LoopSettings,
         input_topic: str,
         group_id: str,
         transactional_id: str,
         dlq_topic: str,
-        changelog_topic: str | None = None,
-        store_factory: Callable[[int], KeyValueStore] = lambda _partition: MemoryStore(),
+        changelog: Changelog[StoreT] | None = None,
     ) -> None:
         super().__init__(
             name=stage.name, common=common, settings=settings, input_topic=input_topic, group_id=group_id,
@@ -54,39 +55,45 @@ class TransactionalLoop(ConsumerDriver):
         )
         self.stage = stage
         self._dlq_topic = dlq_topic
-        self.stores = (
-            PartitionStores(common, changelog_topic, store_factory, service=stage.name) if changelog_topic else None
+        self.stores: PartitionStores[StoreT] | None = (
+            PartitionStores(common, changelog.topic, changelog.store_factory, service=stage.name)
+            if changelog is not None
+            else None
         )
-        self._punctuate: Callable[[Batch], None] | None = getattr(stage, "punctuate", None)
+        # The stage's optional hooks (`Stage`), typed here once.
+        self._punctuate: Callable[[Batch[StoreT]], None] | None = getattr(stage, "punctuate", None)
+        self._assign_hook: Callable[[list[int], Mapping[int, StoreT]], None] | None = getattr(stage, "on_assign", None)
+        self._revoke_hook: Callable[[list[int]], None] | None = getattr(stage, "on_revoke", None)
+        self._rollback_hook: Callable[[], None] | None = getattr(stage, "on_rollback", None)
         self._next_punctuation = 0.0
         self._next_audit = 0.0
 
     # -- the driver's hooks ----------------------------------------------------------------
 
-    def _consumer_overrides(self) -> dict[str, Any]:
+    def consumer_overrides(self) -> dict[str, Any]:
         # The checker's proof that it sees aborted reads: never do this.
         return {"isolation.level": "read_uncommitted"} if faults.sabotaged("read_uncommitted") else {}
 
-    def _housekeeping(self) -> None:
+    def housekeeping(self) -> None:
         self._audit_stores()
 
-    def _handle(self, records: list[Message]) -> None:
+    def handle(self, records: list[Message]) -> None:
         punctuate = self._punctuation_due()
         if records or punctuate:
             self._transact(records, punctuate)
 
     def _punctuation_due(self) -> bool:
-        if self._punctuate is None or self._paused_now:
+        if self._punctuate is None or self.paused:
             return False
         now = time.monotonic()
         if now < self._next_punctuation:
             return False
-        self._next_punctuation = now + self._settings.punctuate_ms / 1000
+        self._next_punctuation = now + self.settings.punctuate_ms / 1000
         return True
 
     def _transact(self, records: list[Message], punctuate: bool = False) -> None:
         started = time.monotonic()
-        batch = Batch(records, self.stores, self._dlq_topic, self.stage.name, self._acks_topic, self._ack_partitions)
+        batch: Batch[StoreT] = Batch(records, self.stores, self._dlq_topic, self.stage.name, self.acks_topic, self.ack_partitions)
         try:
             if records:
                 self.stage.process(batch)
@@ -97,22 +104,22 @@ class TransactionalLoop(ConsumerDriver):
         except StoreDiverged as exc:
             # A read found the store behind what was written to it: nothing this batch decided
             # can stand. Rebuild that store, then take the batch again from committed offsets.
-            assert self.stores is not None
+            diverged = self.stores
+            assert diverged is not None  # only a store raises it
             self._note_failure(f"batch dropped: {exc}")
-            self._guard_store(lambda: self.stores.repair(exc))  # type: ignore[union-attr]
+            self._guard_store(lambda: diverged.repair(exc))
             self._resync()
             return
         except Exception as exc:  # the stage failed on the whole batch: nothing was produced yet
             self._stage_failed(exc, len(records))
             return
-        assert self._producer is not None
         if not records and not batch.has_writes:
             # Nothing to commit, so nothing can fail to: settle whatever waits on this batch.
             for callback in batch.after_commit:
                 callback()
             return
         changelog_offsets: dict[int, int] = {}
-        result = self._producer.transact(lambda: self._write_batch(batch, records, changelog_offsets))
+        result = self.producer.transact(lambda: self._write_batch(batch, records, changelog_offsets))
         if not result.committed:
             if result.outcome is TxnOutcome.UNKNOWN:
                 self._note_failure(f"indefinite transaction outcome, producer recreated: {result.error}")
@@ -139,10 +146,10 @@ class TransactionalLoop(ConsumerDriver):
     def _caught_up(self) -> frozenset[int]:
         """Owned partitions not known to be behind: position at the high watermark of the last
         fetch, or not known yet (nothing consumed there since the assignment)."""
-        assert self._consumer is not None
+        consumer = self.consumer
         done = set()
-        for tp in self._consumer.position(self._consumer.assignment()):
-            _low, high = self._consumer.get_watermark_offsets(tp, cached=True)
+        for tp in consumer.position(consumer.assignment()):
+            _low, high = consumer.get_watermark_offsets(tp, cached=True)
             if tp.offset < 0 or high < 0 or tp.offset >= high:
                 done.add(tp.partition)
         return frozenset(done)
@@ -150,7 +157,7 @@ class TransactionalLoop(ConsumerDriver):
     def _audit_stores(self) -> None:
         """About once a second: is every store still what was written to it? (Redis can go back
         in time with no record arriving to notice.)"""
-        if self.stores is None or self._paused_now:
+        if self.stores is None or self.paused:
             return
         now = time.monotonic()
         if now < self._next_audit:
@@ -172,11 +179,11 @@ class TransactionalLoop(ConsumerDriver):
             except StoreUnavailable as exc:
                 failures += 1
                 self.stats.last_error = f"store unavailable: {exc}"
-                backoff = self._backoff_s(failures)
+                backoff = self.backoff_s(failures)
                 log.warning("%s: store unavailable (%s); retrying in %.1fs", self.stage.name, exc, backoff)
                 if failures == 1:
                     self.health_listener(False)
-                if self._stop.wait(backoff):
+                if self.stopping.wait(backoff):
                     return
                 assert self.stores is not None
                 operation = retry or self.stores.catch_up
@@ -191,30 +198,28 @@ class TransactionalLoop(ConsumerDriver):
         failure; unhealthy meanwhile, so operators (and health probes) see it."""
         self.stats.stage_failures += 1
         failures = self.stats.stage_failures
-        backoff = self._backoff_s(failures)
+        backoff = self.backoff_s(failures)
         log.exception(
             "%s: stage failed on a batch of %d (%d in a row); retrying from committed offsets in %.1fs",
             self.stage.name, count, failures, backoff,
         )
         self.stats.last_error = f"stage: {exc}"
         metrics.STAGE_FAILURES.labels(self.stage.name).inc()
-        if self._settings.min_batch_records:  # a smaller retry is cheaper to pick apart
-            self._batch_bound = max(self._settings.min_batch_records, self._batch_bound // 2)
-            self.stats.batch_bound = self._batch_bound
+        self.halve_batch_bound()
         if failures == 1:
             self.health_listener(False)
-        self._stop.wait(backoff)
+        self.stopping.wait(backoff)
         self._resync()
 
-    def _write_batch(self, batch: Batch, records: list[Message], changelog_offsets: dict[int, int]) -> None:
+    def _write_batch(self, batch: Batch[StoreT], records: list[Message], changelog_offsets: dict[int, int]) -> None:
         """The body of one transaction; fills ``changelog_offsets`` with the last changelog
         offset written per partition (delivery reports, served by the commit)."""
-        producer, consumer = self._producer, self._consumer
-        assert producer is not None and consumer is not None
+        producer, consumer = self.producer, self.consumer
 
         def track_changelog(err: KafkaError | None, msg: Message) -> None:
             if err is None:
-                changelog_offsets[msg.partition()] = max(changelog_offsets.get(msg.partition(), -1), msg.offset())
+                partition = partition_of(msg)
+                changelog_offsets[partition] = max(changelog_offsets.get(partition, -1), offset_of(msg))
 
         sabotaged = bool(records) and faults.sabotaged("offsets_outside_txn")
         if sabotaged:  # the checker's proof that it can fail: never do this
@@ -234,11 +239,11 @@ class TransactionalLoop(ConsumerDriver):
     def _next_offsets(records: list[Message]) -> list[TopicPartition]:
         nxt: dict[tuple[str, int], int] = {}
         for record in records:
-            key = (record.topic(), record.partition())
-            nxt[key] = max(nxt.get(key, 0), record.offset() + 1)
+            key = (record.topic() or "", partition_of(record))
+            nxt[key] = max(nxt.get(key, 0), offset_of(record) + 1)
         return [TopicPartition(topic, partition, offset) for (topic, partition), offset in nxt.items()]
 
-    def _count_commit(self, batch: Batch, count: int, started: float) -> None:
+    def _count_commit(self, batch: Batch[StoreT], count: int, started: float) -> None:
         produced = len(batch.outputs) - batch.dead_letters
         self.stats.committed += 1
         self.stats.records_in += count
@@ -263,27 +268,27 @@ class TransactionalLoop(ConsumerDriver):
     def _resync(self) -> None:
         """Forget everything since the last commit: seek every owned partition back to its
         committed offset and catch the stores up with whatever the changelog committed."""
-        assert self._consumer is not None
-        assignment = self._consumer.assignment()
+        consumer = self.consumer
+        assignment = consumer.assignment()
         if assignment:
-            committed = committed_offsets(self._consumer, assignment, self._stop)
+            committed = committed_offsets(consumer, assignment, self.stopping)
             if committed is None:
                 return  # stopping
             for tp in committed:
                 if tp.offset < 0:
                     tp.offset = OFFSET_BEGINNING
-                self._consumer.seek(tp)
+                consumer.seek(tp)
         if self.stores is not None:
             self._guard_store(self.stores.catch_up)
-        if on_rollback := getattr(self.stage, "on_rollback", None):
-            on_rollback()
+        if self._rollback_hook is not None:
+            self._rollback_hook()
 
     # -- rebalance (inside poll, so no transaction is open) ---------------------------------
 
-    def _assigning(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def assigning(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # A new owner reads its input for a punctuation interval before it sweeps: a sweep
         # needs to know how far behind each partition is.
-        self._next_punctuation = time.monotonic() + self._settings.punctuate_ms / 1000
+        self._next_punctuation = time.monotonic() + self.settings.punctuate_ms / 1000
         if self.stores is not None:
             before = self.stores.restored_records
             stores, owned = self.stores, [p.partition for p in partitions]
@@ -291,12 +296,16 @@ class TransactionalLoop(ConsumerDriver):
             self._guard_store(assign, retry=assign)
             metrics.RESTORED.labels(self.stage.name).inc(self.stores.restored_records - before)
 
-    def _assigned(self, partitions: list[TopicPartition]) -> None:
-        if on_assign := getattr(self.stage, "on_assign", None):
-            on_assign([p.partition for p in partitions])
+    def assigned(self, partitions: list[TopicPartition]) -> None:
+        if self._assign_hook is not None:
+            owned = [p.partition for p in partitions]
+            stores = self.stores
+            # A stop during a restore leaves partitions without a store: the loop ends anyway.
+            restored = {} if stores is None else {partition: stores[partition] for partition in owned if partition in stores}
+            self._assign_hook(owned, restored)
 
-    def _revoked(self, partitions: list[TopicPartition]) -> None:
+    def revoked(self, partitions: list[TopicPartition]) -> None:
         if self.stores is not None:
             self.stores.revoke(p.partition for p in partitions)
-        if on_revoke := getattr(self.stage, "on_revoke", None):
-            on_revoke([p.partition for p in partitions])
+        if self._revoke_hook is not None:
+            self._revoke_hook([p.partition for p in partitions])

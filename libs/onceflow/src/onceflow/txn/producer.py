@@ -9,6 +9,7 @@ bench`` compares exactly-once against).
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import os
 import threading
@@ -215,7 +216,7 @@ class TransactionalProducer:
             except BufferError:  # local queue full: let deliveries drain, then go on
                 self._producer.poll(0.1)
             except KafkaException as exc:
-                self._call(lambda exc=exc: _reraise(exc))
+                self._call(functools.partial(_reraise, exc))
 
     def flush(self) -> None:
         """Deliver everything produced so far (inside the transaction); abortable if it cannot."""
@@ -286,7 +287,7 @@ class TransactionalProducer:
                     raise FencedError(str(exc)) from exc
                 err = kafka_error(exc)
                 timed_out = err is not None and err.code() == KafkaError._TIMED_OUT
-                if timed_out and retry and not resumed and err.retriable():  # type: ignore[union-attr]
+                if err is not None and timed_out and retry and not resumed and err.retriable():
                     # librdkafka resumes a timed-out call when it is made again. A process that
                     # was frozen mid-call (a zombie: SIGSTOP, a long pause) times out the moment
                     # it resumes; asking again lets the broker say "fenced" before anything

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 
 import pyarrow as pa
 
@@ -90,7 +91,7 @@ class MapStage:
         self._count_after_commit(batch, job_seconds, emitted, late)
         self._advance_watermarks_after_commit(batch, frame)
 
-    def on_assign(self, partitions: list[int]) -> None:
+    def on_assign(self, partitions: list[int], stores: Mapping[int, object]) -> None:
         self.watermarks.assign(partitions, now_ms())
 
     def on_revoke(self, partitions: list[int]) -> None:

@@ -8,10 +8,11 @@ abandoned, :meth:`on_rollback` reloads it from the stores."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any, Generic, Protocol, TypeVar
 
 from onceflow.state.overlay import StateTransaction
-from onceflow.state.stores import PartitionStores
+from onceflow.state.store import MemoryStore
 from onceflow.txn.batch import Batch
 from onceflow.v1.compute_pb2 import PartialAggregate, SourceWatermark
 
@@ -82,8 +83,8 @@ class KeyedEventTimeMerge(MergeHop, Generic[S]):
 
     def __init__(self, job: Any, results_topic: str, counts: stats.JobCounts) -> None:
         super().__init__(job, results_topic, counts)
-        # The merge loop's stores, set once the loop exists (the loop restores them on assign).
-        self.stores: PartitionStores | None = None
+        # The owned partitions' stores, as the loop hands them on assignment (restored).
+        self._stores: dict[int, MemoryStore] = {}
         self.states: dict[int, S] = {}
         self.sources = SourceWatermarks(job.name)
         self._key_prefix = f"{job.name}\x00".encode()
@@ -109,12 +110,14 @@ class KeyedEventTimeMerge(MergeHop, Generic[S]):
 
     # -- state ---------------------------------------------------------------------------
 
-    def on_assign(self, partitions: list[int]) -> None:
+    def on_assign(self, partitions: list[int], stores: Mapping[int, MemoryStore]) -> None:
+        self._stores.update(stores)
         for partition in partitions:
             self._load(partition)
 
     def on_revoke(self, partitions: list[int]) -> None:
         for partition in partitions:
+            self._stores.pop(partition, None)
             self.states.pop(partition, None)
             self.sources.forget(partition)
 
@@ -123,10 +126,9 @@ class KeyedEventTimeMerge(MergeHop, Generic[S]):
             self._load(partition)
 
     def _load(self, partition: int) -> None:
-        assert self.stores is not None
         state = self.new_state()
         self.sources.forget(partition)
-        for key, value in self.stores[partition].items():
+        for key, value in self._stores[partition].items():
             if key.startswith(self._key_prefix):
                 state.restore(key[len(self._key_prefix) :].decode(), json.loads(value))
             else:
