@@ -8,8 +8,6 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from onceflow import topology
 from onceflow.config import CommonSettings, LoopSettings
 
-RECORD_ID_MAX_BYTES = 256  # part of the contract (docs/services/ingest.md), not a tunable
-
 
 class IngestSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ONCEFLOW_INGEST_", extra="ignore")
