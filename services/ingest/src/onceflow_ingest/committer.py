@@ -19,6 +19,7 @@ from onceflow_ingest.trees import InFlightTrees, Waiter
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class Acking:
     """What the committer needs to start tuple trees: INITs go with the records."""

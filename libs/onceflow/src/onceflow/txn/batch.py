@@ -11,8 +11,8 @@ from typing import Protocol
 from confluent_kafka import Message
 
 from onceflow import acks
-from onceflow.spout import NewRecord
 from onceflow.codec import now_ms
+from onceflow.spout import NewRecord
 from onceflow.state.overlay import StateTransaction
 from onceflow.state.stores import PartitionStores
 from onceflow.v1.acker_pb2 import RecordRef
@@ -112,7 +112,8 @@ class Batch:
 
     @property
     def has_writes(self) -> bool:
-        return bool(self.outputs) or bool(self.new_roots) or bool(self._acks) or any(o.changes for o in self._overlays.values())
+        written = self.outputs or self.new_roots or self._acks
+        return bool(written) or any(o.changes for o in self._overlays.values())
 
     def ack(self, envelope: Envelope, children: Iterable[int] = ()) -> None:
         """Tell the acker this stage processed ``envelope`` and emitted ``children`` (edge ids)."""
@@ -137,7 +138,8 @@ class Batch:
             self.emit(self._acks_topic, value, partition=partition)
 
     def savepoint(self) -> Savepoint:
-        return Savepoint(len(self.outputs), len(self._acks), len(self.new_roots), {p: o.savepoint() for p, o in self._overlays.items()})
+        state = {p: o.savepoint() for p, o in self._overlays.items()}
+        return Savepoint(len(self.outputs), len(self._acks), len(self.new_roots), state)
 
     def rollback_to(self, savepoint: Savepoint) -> None:
         del self.outputs[savepoint.outputs :]
