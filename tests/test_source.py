@@ -5,7 +5,10 @@ transactions and from outside, and restarted each time. Judged once the pipeline
 every record of the topic is in `ingest.records` exactly once as a first attempt, the usersum
 table equals the fold of every mappable record, and each unmappable one is in `source.dlq`
 with its reason. The same check is shown to fail on a build that commits the offsets outside
-the transaction (`ONCEFLOW_SABOTAGE=offsets_outside_txn`), killed between the two."""
+the transaction (`ONCEFLOW_SABOTAGE=offsets_outside_txn`), killed between the two. With an id
+field, copies of a record at other offsets count once (the gate drops them) and records without
+a usable id are dead letters; `onceflow source kafka` copies with progress and refuses a
+missing topic."""
 
 from __future__ import annotations
 
@@ -188,12 +191,11 @@ def test_a_topic_copied_through_kill9s_counts_every_record_once(running: Running
     for round_ in range(10):
         if round_ % 2 == 0:
             process = running.source(topic.name, "s", **{FAULT_ENV: f"random@0.05@{rng.randrange(10**6)}"}).start()
-            try:
-                code = process.wait_exit(timeout_s=90)
-            except AssertionError:  # it finished the copy without hitting its fault
-                process.ensure_dead()
-                continue
-            assert code == -9, process.log_tail()
+            eventually(lambda: not process.alive() or running.copied(topic.name), 90, "a kill or the end of the copy")  # noqa: B023
+            if process.alive():  # it finished the copy without hitting its fault
+                process.terminate()
+                break
+            assert process.wait_exit(timeout_s=5) == -9, process.log_tail()
         else:
             process = running.source(topic.name, "s")
             assigned_before = _assignments(process)
@@ -279,3 +281,43 @@ def test_the_cli_copies_in_the_foreground_with_progress_and_refuses_a_missing_to
             proc.kill()
     assert f"stopped (exit 0): copied {len(topic.good):,}" in out.read_text()
     assert not set(topic.good) - set(first_attempts(common, topic.name))
+
+
+def test_with_an_id_field_copies_of_a_record_count_once_and_records_without_one_are_dead_letters(running: Running) -> None:
+    common = running.common
+    name = f"{common.topic_prefix}user.events"
+    admin = AdminClient(clients.plain_config(common.kafka_bootstrap))
+    admin.create_topics([NewTopic(name, num_partitions=2, replication_factor=1)])[name].result(30)
+    rng = random.Random(10)
+    producer = Producer(clients.plain_config(common.kafka_bootstrap, **{"enable.idempotence": True}))
+    distinct: dict[str, KeyedRecord] = {}
+    for index in range(600):
+        record = KeyedRecord(f"e-{index}", f"i{rng.randrange(20)}", rng.randrange(1, 1000))
+        distinct[record.record_id] = record
+        body = json.dumps({"id": record.record_id, "user": record.user, "amount": record.amount}).encode()
+        producer.produce(name, body, key=record.user.encode())
+        if index % 5 == 0:  # the producer sent it again (a retry upstream): another offset, the same record
+            producer.produce(name, body, key=record.user.encode(), partition=(index // 5) % 2)
+        if index % 100 == 50:
+            producer.produce(name, json.dumps({"user": record.user, "amount": 1}).encode())  # no id
+            producer.produce(name, b"user=" + record.user.encode())  # not JSON
+    assert producer.flush(30) == 0
+    process = running.source(name, "ids", ONCEFLOW_SOURCE_ID_FIELD="id").start()
+    try:
+        eventually(lambda: running.copied(name), 120, "the source to copy the topic", interval_s=1)
+        letters = [DeadLetter.FromString(r.value or b"") for r in read_committed(common, common.topic(Topic.SOURCE_DLQ))]
+        reasons = Counter((d.error_class, d.message) for d in letters if d.source_topic == name)
+        assert reasons == {("NoIdField", "no id field 'id'"): 6,
+                           ("Unparsable", "the value is not JSON (Expecting value: line 1 column 1 (char 0)), "
+                                          "so it has no id field 'id'"): 6}
+        answer = usersum.fold_answer(distinct.values())
+
+        def matches() -> bool:
+            try:
+                return {k: v for k, v in running.table().items() if k.startswith("i")} == answer
+            except grpc.RpcError:
+                return False
+
+        eventually(matches, 180, "the table to count each id once", interval_s=2)
+    finally:
+        process.terminate()
