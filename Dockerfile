@@ -56,6 +56,14 @@ HEALTHCHECK CMD ["/app/.venv/bin/python", "-m", "onceflow.probe", "127.0.0.1:150
 USER onceflow
 CMD ["/app/.venv/bin/onceflow-sink"]
 
+FROM base AS source
+RUN uv sync --locked --no-dev --package onceflow-source
+ENV ONCEFLOW_SOURCE_HOST=0.0.0.0
+EXPOSE 15056 9106
+HEALTHCHECK CMD ["/app/.venv/bin/python", "-m", "onceflow.probe", "127.0.0.1:15056"]
+USER onceflow
+CMD ["/app/.venv/bin/onceflow-source"]
+
 FROM base AS tools
 # The onceflow CLI (compose's `topics` job; `onceflow admin`, `verify`, ...): the tools package,
 # which depends on the core and every service. No service image carries it.

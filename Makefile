@@ -114,6 +114,7 @@ bench: setup
 	$(ONCEFLOW) bench
 	$(PY) bench/ingest_throughput.py
 	$(PY) bench/client_throughput.py
+	$(PY) bench/source_throughput.py
 	$(PY) bench/acker_throughput.py
 	$(PY) bench/dedup_throughput.py
 	$(PY) bench/sink_apply.py

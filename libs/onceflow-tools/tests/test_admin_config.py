@@ -43,7 +43,7 @@ def test_the_services_config(tmp_path: Path) -> None:
     shipped = fleet.load_endpoints(fleet.services_file())
     assert [(e.name, e.address) for e in shipped] == [
         ("ingest", "127.0.0.1:15051"), ("acker", "127.0.0.1:15052"), ("dedup", "127.0.0.1:15053"),
-        ("compute", "127.0.0.1:15054"), ("sink", "127.0.0.1:15055"),
+        ("compute", "127.0.0.1:15054"), ("sink", "127.0.0.1:15055"), ("source", "127.0.0.1:15056"),
     ]
     broken = tmp_path / "services.toml"
     broken.write_text('[[service]]\nname = "acker"\n')

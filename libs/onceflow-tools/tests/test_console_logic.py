@@ -31,9 +31,11 @@ def test_the_graph_follows_the_topology() -> None:
         ("compute", "acker"): ("acker.acks",),
         ("sink", "acker"): ("acker.acks",),
         ("acker", "ingest"): ("acker.events",),
+        ("source", "dedup"): ("ingest.records",),
+        ("source", "acker"): ("acker.acks",),
     }
-    places, edges = graph.layout(["ingest", "dedup", "compute", "sink", "acker"])
-    assert len(edges) == len(found) and set(places) == {"ingest", "dedup", "compute", "sink", "acker"}
+    places, edges = graph.layout(["ingest", "dedup", "compute", "sink", "acker", "source"])
+    assert len(edges) == len(found) and set(places) == {"ingest", "dedup", "compute", "sink", "acker", "source"}
 
 
 def test_a_restarted_instance_reads_as_rate_zero_not_negative() -> None:

@@ -18,3 +18,9 @@ def test_a_command_finds_a_service_where_the_services_config_says(tmp_path: Path
     assert fleet.default_address("acker") == "127.0.0.1:15052"  # not configured: the topology's port
     monkeypatch.setenv("ONCEFLOW_SERVICES_CONFIG", str(tmp_path / "missing.toml"))
     assert fleet.default_address("sink") == "127.0.0.1:15055"
+
+
+def test_an_optional_service_is_read_as_such(tmp_path: Path) -> None:
+    config = tmp_path / "services.toml"
+    config.write_text('[[service]]\nname = "sink"\naddress = "a:1"\n[[service]]\nname = "source"\naddress = "a:2"\noptional = true\n')
+    assert [(e.name, e.optional) for e in fleet.load_endpoints(config)] == [("sink", False), ("source", True)]

@@ -54,6 +54,8 @@ def test_group_and_transactional_ids() -> None:
     assert topology.COMPUTE_MAP.group_id("", job="usersum") == "onceflow-compute-usersum-map"
     assert topology.COMPUTE_MERGE.transactional_id("p-", "a", job="wc") == "p-onceflow-compute-wc-merge-a"
     assert topology.INGEST_REPLAYER.transactional_id("", "0") == "onceflow-ingest-replayer-0"
+    # The Kafka source's slot is the user's topic: one group per topic copied.
+    assert topology.SOURCE.transactional_id("p.", "s0", job="orders") == "p.onceflow-source-orders-s0"
 
 
 def test_describe_names_every_hop() -> None:

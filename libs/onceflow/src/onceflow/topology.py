@@ -36,6 +36,7 @@ class Topic(StrEnum):
     COMPUTE_LATE = "compute.late"
     COMPUTE_DLQ = "compute.dlq"
     SINK_DLQ = "sink.dlq"
+    SOURCE_DLQ = "source.dlq"
 
 
 @dataclass(frozen=True)
@@ -45,11 +46,12 @@ class Hop:
 
     service: str
     name: str
-    input: Topic | None  # None: ingest takes records from gRPC calls
+    input: Topic | None  # None: a spout (ingest's gRPC calls, the Kafka source's user topic)
     outputs: tuple[Topic, ...]
     dlq: Topic
     changelog: Topic | None = None  # state restored from Kafka; partition n = input partition n
     offsets_in_kafka: bool = True  # False: the sink keeps its offsets in Redis, fenced
+    external_input: str = "gRPC Ingest"  # what a spout reads, for describe()
 
     def group_id(self, prefix: str, job: str = "") -> str:
         return f"{prefix}{self.name.format(job=job)}"
@@ -67,6 +69,11 @@ DEDUP = Hop(
     "dedup", "onceflow-dedup", Topic.INGEST_RECORDS, (Topic.DEDUP_RECORDS, Topic.ACKER_ACKS), Topic.DEDUP_DLQ,
     Topic.DEDUP_CHANGELOG,
 )
+# The Kafka source: a spout over a user's topic (its `{job}` slot: that topic), writing what ingest writes.
+SOURCE = Hop(
+    "source", "onceflow-source-{job}", None, (Topic.INGEST_RECORDS, Topic.ACKER_ACKS), Topic.SOURCE_DLQ,
+    external_input="a user's Kafka topic",
+)
 # A transform job's map hop writes result rows itself; an aggregating job's writes partials.
 COMPUTE_MAP = Hop(
     "compute", "onceflow-compute-{job}-map", Topic.DEDUP_RECORDS,
@@ -81,7 +88,7 @@ COMPUTE_MERGE = Hop(
 SINK = Hop("sink", "onceflow-sink", Topic.COMPUTE_RESULTS, (Topic.ACKER_ACKS,), Topic.SINK_DLQ, offsets_in_kafka=False)
 
 # In the order a record meets them (the replayer and the acker close the loop back to ingest).
-HOPS: tuple[Hop, ...] = (INGEST, DEDUP, COMPUTE_MAP, COMPUTE_MERGE, SINK, ACKER, INGEST_REPLAYER)
+HOPS: tuple[Hop, ...] = (INGEST, SOURCE, DEDUP, COMPUTE_MAP, COMPUTE_MERGE, SINK, ACKER, INGEST_REPLAYER)
 DLQS: tuple[Topic, ...] = tuple(dict.fromkeys(hop.dlq for hop in HOPS))
 
 
@@ -93,7 +100,7 @@ def describe() -> str:
     """One line per hop: what `onceflow topology` prints and docs/architecture.md shows."""
     lines = []
     for hop in HOPS:
-        source = hop.input or "gRPC Ingest"
+        source = hop.input or hop.external_input
         targets = ", ".join(["Redis tables"] * (not hop.offsets_in_kafka) + [str(t) for t in hop.outputs])
         state = f"; state {hop.changelog}" if hop.changelog else ""
         lines.append(f"{hop.name}: {source} -> {targets}{state}; dead letters {hop.dlq}")
@@ -121,7 +128,10 @@ ACKER_SERVICE = Service("acker", 15052, 9102, ("AckerAdmin",))
 DEDUP_SERVICE = Service("dedup", 15053, 9103, ("DedupAdmin",))
 COMPUTE_SERVICE = Service("compute", 15054, 9104, ("ComputeAdmin",))
 SINK_SERVICE = Service("sink", 15055, 9105, ("Query",))
-SERVICES: tuple[Service, ...] = (INGEST_SERVICE, ACKER_SERVICE, DEDUP_SERVICE, COMPUTE_SERVICE, SINK_SERVICE)
+SOURCE_SERVICE = Service("source", 15056, 9106, ())  # optional: copies a user's Kafka topic in
+SERVICES: tuple[Service, ...] = (
+    INGEST_SERVICE, ACKER_SERVICE, DEDUP_SERVICE, COMPUTE_SERVICE, SINK_SERVICE, SOURCE_SERVICE,
+)
 
 
 def service(name: str) -> Service:

@@ -10,21 +10,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from confluent_kafka import KafkaError, Message
-
-from onceflow import acks, faults, metrics
+from onceflow import faults, metrics, spout
 from onceflow.config import CommonSettings
-from onceflow.kafka.records import offset_of, partition_of
+from onceflow.spout import NewRecord
 from onceflow.txn.errors import FencedError
-from onceflow.txn.producer import TransactionalProducer, TxnOutcome, open_producer
-from onceflow.v1.acker_pb2 import RecordRef
+from onceflow.txn.producer import TxnOutcome, open_producer
 
 from onceflow_ingest.trees import InFlightTrees, Waiter
 
 log = logging.getLogger(__name__)
-
-# (record_id = Kafka key, serialized Envelope, root_id, edge_id)
-KafkaRecord = tuple[bytes, bytes, int, int]
 
 
 @dataclass(frozen=True)
@@ -32,9 +26,7 @@ class Acking:
     """What the committer needs to start tuple trees: INITs go with the records."""
 
     trees: InFlightTrees
-    acks_topic: str
-    acks_partitions: int
-    timeout_ms: int
+    inits: spout.Inits
 
 _ABORT_RETRIES = 3
 FENCE_WINDOW_S = 30.0
@@ -55,7 +47,7 @@ class OutcomeUnknown(Exception):
 
 @dataclass(eq=False)
 class Submission:
-    records: list[KafkaRecord]
+    records: list[NewRecord]
     done: threading.Event = field(default_factory=threading.Event)
     error: Exception | None = None
     commit_id: int = 0
@@ -111,7 +103,7 @@ class GroupCommitter:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, records: list[KafkaRecord], block_s: float = 0.0, waiter: Waiter | None = None) -> Submission:
+    def submit(self, records: list[NewRecord], block_s: float = 0.0, waiter: Waiter | None = None) -> Submission:
         """Queue records for the next transaction. Raises Overloaded when max_pending would be
         exceeded after waiting up to ``block_s`` for room."""
         if self._closing.is_set() or self.fenced.is_set():
@@ -128,7 +120,7 @@ class GroupCommitter:
                 self._space.wait(min(remaining, 0.05))
             self._pending += count
             if self._acking is not None:
-                self._acking.trees.add([(r[2], r[0].decode()) for r in records], waiter)
+                self._acking.trees.add([(r.root_id, r.record_id.decode()) for r in records], waiter)
         metrics.PENDING.labels("ingest").set(self.pending)
         submission = Submission(records)
         self._queue.put(submission)
@@ -193,7 +185,7 @@ class GroupCommitter:
         commit_id = self.stats.committed
         if error is not None and self._acking is not None:
             # Not committed, or unknown: either way no event is to be expected for certain.
-            self._acking.trees.forget([r[2] for s in group for r in s.records])
+            self._acking.trees.forget([r.root_id for s in group for r in s.records])
         for submission in group:
             submission.error = error
             submission.commit_id = commit_id
@@ -211,11 +203,7 @@ class GroupCommitter:
         producer = self._producer
         faults.point("before_produce")
         records = [record for submission in group for record in submission.records]
-        if self._acking is None:
-            for key, value, _root_id, _edge_id in records:
-                producer.produce(self._topic, value, key=key)
-        else:
-            self._produce_with_inits(producer, records, self._acking)
+        spout.produce_new_records(producer, self._topic, records, self._acking.inits if self._acking else None)
         faults.point("after_produce", before_crash=producer.flush)
 
     def _count_commit(self, group: list[Submission]) -> None:
@@ -225,32 +213,6 @@ class GroupCommitter:
         self.stats.records += records
         metrics.TRANSACTIONS.labels("ingest", "committed").inc()
         metrics.RECORDS_OUT.labels("ingest").inc(records)
-
-    def _produce_with_inits(self, producer: TransactionalProducer, records: list[KafkaRecord], acking: Acking) -> None:
-        """INIT names where its record lives (for replays), so the records are delivered first
-        (flush, still inside the transaction) and their offsets go into the INITs."""
-        origins: list[tuple[int, int] | None] = [None] * len(records)
-
-        def delivered(index: int) -> Callable[[KafkaError | None, Message], None]:
-            def callback(err: KafkaError | None, msg: Message) -> None:
-                if err is None:
-                    origins[index] = (partition_of(msg), offset_of(msg))
-
-            return callback
-
-        for index, (key, value, _root_id, _edge_id) in enumerate(records):
-            producer.produce(self._topic, value, key=key, on_delivery=delivered(index))
-        producer.flush()
-        inits = acks.AckBuffer(acking.acks_partitions)
-        for (key, _value, root_id, edge_id), origin in zip(records, origins, strict=True):
-            if origin is None:
-                raise producer.abortable("a record was not delivered inside the transaction")
-            inits.add(acks.init(
-                root_id, [edge_id], RecordRef(record_id=key.decode(), topic=self._topic, partition=origin[0], offset=origin[1]),
-                attempt=1, timeout_ms=acking.timeout_ms,
-            ))
-        for partition, value in inits.seal():
-            producer.produce(acking.acks_topic, value, partition=partition)
 
     def _after_fence(self, exc: FencedError) -> Exception:
         """Ingest has no consumer group, so its transactional.id is its only fence, and the

@@ -15,8 +15,6 @@ from onceflow.config import (
     metrics_port_setting,
 )
 
-RECORD_ID_MAX_BYTES = 256  # part of the contract (docs/services/ingest.md), not a tunable
-
 
 class IngestSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ONCEFLOW_INGEST_", extra="ignore")

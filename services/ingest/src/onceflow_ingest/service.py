@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from onceflow import metrics
+from onceflow import metrics, spout
 from onceflow.admin import RESERVED_FOR_ADMIN, ServerTLS, ServiceServer, StatusSnapshot, Tokens
 from onceflow.kafka.inspect import wait_partition_count
 from onceflow.runner import on_stop_signals
@@ -60,7 +60,7 @@ class IngestService:
             self.trees = InFlightTrees(settings.max_attempts)
             acks_topic = common.topic(Topic.ACKER_ACKS)
             partitions = wait_partition_count(common, acks_topic, self._stop)
-            acking = Acking(self.trees, acks_topic, partitions, settings.tree_timeout_ms)
+            acking = Acking(self.trees, spout.Inits(acks_topic, partitions, settings.tree_timeout_ms))
             self.watcher = EventWatcher(common, common.topic(Topic.ACKER_EVENTS), self.trees)
             self.replay_stage = ReplayStage(
                 OriginalFetcher(common, ingest_topic), ingest_topic, common.topic(Topic.INGEST_DLQ),

@@ -10,14 +10,13 @@ import grpc
 
 from onceflow import metrics
 from onceflow.admin import CallSlots
-from onceflow.codec import new_id, now_ms
+from onceflow.codec import now_ms
+from onceflow.spout import Invalid, Limits, NewRecord, check_record, new_record
 from onceflow.v1 import ingest_pb2, ingest_pb2_grpc
 
 from onceflow_ingest.committer import GroupCommitter, NotCommitted, OutcomeUnknown, Overloaded
 from onceflow_ingest.config import IngestSettings
-from onceflow_ingest.committer import KafkaRecord
 from onceflow_ingest.trees import Waiter
-from onceflow_ingest.validation import Invalid, Limits, check_record, envelope_bytes
 
 log = logging.getLogger(__name__)
 
@@ -107,12 +106,11 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
                     f"{self._settings.max_request_records}{before}",
                 )
             ingest_time = now_ms()
-            envelopes: list[KafkaRecord] = []
+            envelopes: list[NewRecord] = []
             for record in request.records:
                 invalid = check_record(index, record, self._limits, field_prefix="stream")
                 if invalid is None:
-                    root_id, edge_id = new_id(), new_id()
-                    envelopes.append((record.record_id, envelope_bytes(record, ingest_time, root_id, edge_id), root_id, edge_id))
+                    envelopes.append(new_record(record, ingest_time))
                 else:
                     metrics.REJECTED.labels("ingest", invalid.field.rsplit(".", 1)[-1]).inc()
                     reply.rejected.append(
@@ -127,7 +125,7 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
         return reply
 
     def _commit(
-        self, envelopes: list[KafkaRecord], context: grpc.ServicerContext, block_s: float, so_far: int = 0,
+        self, envelopes: list[NewRecord], context: grpc.ServicerContext, block_s: float, so_far: int = 0,
         waiter: Waiter | None = None,
     ) -> int:
         suffix = f" ({so_far} records of this stream were committed before this)" if so_far else ""
@@ -164,12 +162,8 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
 
 
-def _envelopes(records: Iterable[ingest_pb2.IngestRecord], ingest_time_ms: int) -> list[KafkaRecord]:
-    out: list[KafkaRecord] = []
-    for record in records:
-        root_id, edge_id = new_id(), new_id()
-        out.append((record.record_id, envelope_bytes(record, ingest_time_ms, root_id, edge_id), root_id, edge_id))
-    return out
+def _envelopes(records: Iterable[ingest_pb2.IngestRecord], ingest_time_ms: int) -> list[NewRecord]:
+    return [new_record(record, ingest_time_ms) for record in records]
 
 
 __all__ = ["IngestServicer", "Invalid"]

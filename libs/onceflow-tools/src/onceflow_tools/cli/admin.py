@@ -136,7 +136,8 @@ def _status_all(config: Path, timeout_s: float, as_json: bool) -> None:
         typer.echo(json.dumps([_status_dict(r) for r in results], indent=2))
     else:
         console.print(_status_table(results))
-    raise typer.Exit(0 if results and all(r.health == "SERVING" for r in results) else 1)
+    required = [r for r in results if not r.endpoint.optional]
+    raise typer.Exit(0 if required and all(r.health == "SERVING" for r in required) else 1)
 
 
 def _status_dict(result: fleet.ServiceStatus) -> dict:

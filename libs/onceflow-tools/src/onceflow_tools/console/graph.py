@@ -11,7 +11,11 @@ from onceflow.topology import Topic
 NODE_W, NODE_H = 230, 215
 # Columns of the record's way through, with the acker below the hops it hears from; the gaps
 # leave room for the topics' names.
-_PLACES = {"ingest": (20, 20), "dedup": (350, 20), "compute": (680, 20), "sink": (1010, 20), "acker": (515, 345)}
+# The Kafka source, a second spout, sits under ingest (shown when infra/services.toml lists it).
+_PLACES = {
+    "ingest": (20, 20), "dedup": (350, 20), "compute": (680, 20), "sink": (1010, 20), "acker": (515, 345),
+    "source": (20, 345),
+}
 WIDTH, HEIGHT = 1260, 570
 
 

@@ -133,6 +133,8 @@ def node_view(name: str, readings: list[ServiceStatus], sample: Sample) -> dict[
         health = SERVING
     elif serving:
         health = "DEGRADED"
+    elif all(r.endpoint.optional for r in readings):
+        health = "NOT_RUNNING"  # an optional service (the Kafka source) this deployment does not run
     else:
         health = DOWN
     return {

@@ -32,6 +32,9 @@ SERVING = "SERVING"
 class Endpoint:
     name: str
     address: str
+    # Runs only where a deployment wants it (the Kafka source): down, it does not make the
+    # pipeline unhealthy.
+    optional: bool = False
 
 
 @dataclass(frozen=True)
@@ -67,13 +70,14 @@ def default_address(service: str, path: Path | None = None) -> str:
 
 
 def load_endpoints(path: Path) -> list[Endpoint]:
-    """``[[service]]`` entries with ``name`` and ``address`` (host:port), in file order."""
+    """``[[service]]`` entries with ``name`` and ``address`` (host:port), and ``optional`` when
+    it need not run, in file order."""
     entries = tomllib.loads(path.read_text()).get("service", [])
     endpoints = []
     for index, entry in enumerate(entries):
         if not isinstance(entry.get("name"), str) or not isinstance(entry.get("address"), str):
             raise ValueError(f"{path}: service entry {index + 1} needs a name and an address")
-        endpoints.append(Endpoint(entry["name"], entry["address"]))
+        endpoints.append(Endpoint(entry["name"], entry["address"], bool(entry.get("optional", False))))
     return endpoints
 
 

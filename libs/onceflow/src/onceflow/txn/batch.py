@@ -12,6 +12,7 @@ from confluent_kafka import Message
 
 from onceflow import acks
 from onceflow.codec import now_ms
+from onceflow.spout import NewRecord
 from onceflow.state.overlay import StateTransaction
 from onceflow.state.store import StoreT
 from onceflow.state.stores import PartitionStores
@@ -31,9 +32,19 @@ class Output:
 
 
 @dataclass(slots=True)
+class NewRoot:
+    """A record that starts a tree (``Batch.emit_new``); ``tree_timeout_ms`` None: acking off."""
+
+    topic: str
+    record: NewRecord
+    tree_timeout_ms: int | None
+
+
+@dataclass(slots=True)
 class Savepoint:
     outputs: int
     acks: int
+    new_roots: int
     state: dict[int, int] = field(default_factory=dict)
 
 
@@ -54,6 +65,7 @@ class Batch(Generic[StoreT]):
         self._acks_topic = acks_topic
         self._acks = acks.AckBuffer(ack_partitions)
         self.outputs: list[Output] = []
+        self.new_roots: list[NewRoot] = []
         self.dead_letters = 0
         # Run by the loop once this batch's transaction has committed (and never otherwise).
         self.after_commit: list[Callable[[], None]] = []
@@ -103,7 +115,8 @@ class Batch(Generic[StoreT]):
 
     @property
     def has_writes(self) -> bool:
-        return bool(self.outputs) or bool(self._acks) or any(o.changes for o in self._overlays.values())
+        written = self.outputs or self.new_roots or self._acks
+        return bool(written) or any(o.changes for o in self._overlays.values())
 
     def ack(self, envelope: Envelope, children: Iterable[int] = ()) -> None:
         """Tell the acker this stage processed ``envelope`` and emitted ``children`` (edge ids)."""
@@ -116,6 +129,11 @@ class Batch(Generic[StoreT]):
         """Start a tree (the spout's INIT): only ingest and its replayer do this."""
         self._acks.add(acks.init(root_id, edges, origin, attempt, timeout_ms))
 
+    def emit_new(self, topic: str, record: NewRecord, tree_timeout_ms: int | None) -> None:
+        """A spout's record (the Kafka source's): written as ingest writes it, with its INIT
+        naming where it landed when ``tree_timeout_ms`` is set (``onceflow.spout``)."""
+        self.new_roots.append(NewRoot(topic, record, tree_timeout_ms))
+
     def seal(self) -> None:
         """Turn the buffered acker messages into one AckerBatch output per acker.acks
         partition. The loop calls this once the stage is done with the batch."""
@@ -123,10 +141,12 @@ class Batch(Generic[StoreT]):
             self.emit(self._acks_topic, value, partition=partition)
 
     def savepoint(self) -> Savepoint:
-        return Savepoint(len(self.outputs), len(self._acks), {p: o.savepoint() for p, o in self._overlays.items()})
+        state = {p: o.savepoint() for p, o in self._overlays.items()}
+        return Savepoint(len(self.outputs), len(self._acks), len(self.new_roots), state)
 
     def rollback_to(self, savepoint: Savepoint) -> None:
         del self.outputs[savepoint.outputs :]
+        del self.new_roots[savepoint.new_roots :]
         self._acks.truncate(savepoint.acks)
         for partition, overlay in self._overlays.items():
             overlay.rollback_to(savepoint.state.get(partition, 0))

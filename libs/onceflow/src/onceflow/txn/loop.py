@@ -12,6 +12,7 @@ batch has committed or aborted by then, and revoking only drops the partitions' 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -19,7 +20,7 @@ from typing import Any, Generic
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
-from onceflow import faults, metrics
+from onceflow import faults, metrics, spout
 from onceflow.config import CommonSettings, LoopSettings
 from onceflow.kafka.records import offset_of, partition_of
 from onceflow.state.store import StoreDiverged, StoreT, StoreUnavailable
@@ -225,6 +226,7 @@ class TransactionalLoop(ConsumerDriver, Generic[StoreT]):
         if sabotaged:  # the checker's proof that it can fail: never do this
             consumer.commit(offsets=self._next_offsets(records), asynchronous=False)
         faults.point("before_produce")
+        self._write_new_roots(batch)
         for out in batch.outputs:
             producer.produce(out.topic, out.value, out.key, out.partition, out.headers)
         if self.stores is not None:
@@ -235,6 +237,12 @@ class TransactionalLoop(ConsumerDriver, Generic[StoreT]):
         if records and not sabotaged:
             producer.send_offsets(self._next_offsets(records), consumer)
 
+    def _write_new_roots(self, batch: Batch[StoreT]) -> None:
+        """A spout stage's records, each run of one topic and timeout as ingest writes them."""
+        for (topic, timeout_ms), run in itertools.groupby(batch.new_roots, key=lambda r: (r.topic, r.tree_timeout_ms)):
+            inits = None if timeout_ms is None else spout.Inits(self.acks_topic, self.ack_partitions, timeout_ms)
+            spout.produce_new_records(self.producer, topic, [root.record for root in run], inits)
+
     @staticmethod
     def _next_offsets(records: list[Message]) -> list[TopicPartition]:
         nxt: dict[tuple[str, int], int] = {}
@@ -244,7 +252,7 @@ class TransactionalLoop(ConsumerDriver, Generic[StoreT]):
         return [TopicPartition(topic, partition, offset) for (topic, partition), offset in nxt.items()]
 
     def _count_commit(self, batch: Batch[StoreT], count: int, started: float) -> None:
-        produced = len(batch.outputs) - batch.dead_letters
+        produced = len(batch.outputs) + len(batch.new_roots) - batch.dead_letters
         self.stats.committed += 1
         self.stats.records_in += count
         self.stats.records_out += produced

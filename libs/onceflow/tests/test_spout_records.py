@@ -1,4 +1,4 @@
-"""Ingest's boundary checks, without a broker."""
+"""The boundary checks every spout shares (ingest, the Kafka source): `onceflow.spout`, without a broker."""
 
 import pytest
 from hypothesis import given
@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from onceflow.v1.ingest_pb2 import IngestRecord
 from onceflow.codec import decode_envelope
-from onceflow_ingest.validation import Limits, check_record, envelope_bytes
+from onceflow.spout import Limits, check_record, envelope_bytes
 
 pytestmark = [pytest.mark.foundation, pytest.mark.security]
 

@@ -1,0 +1,64 @@
+"""`onceflow source kafka`: run the Kafka source (services/source) in the foreground on a topic
+of yours, with a progress line every two seconds. The rest of its settings come from the
+environment (ONCEFLOW_SOURCE_*, ONCEFLOW_KAFKA_BOOTSTRAP, ONCEFLOW_TOPIC_PREFIX ...)."""
+
+from __future__ import annotations
+
+import threading
+
+import typer
+from rich.console import Console
+
+from onceflow import logs
+from onceflow.service_main import EXIT_USAGE
+from onceflow_source.config import SourceSettings
+from onceflow.runner import run_loop_service
+from onceflow.topology import Topic
+from onceflow_source.service import SourceRefused, build, check_source
+
+app = typer.Typer(no_args_is_help=True, help="Bring your own data: copy an existing topic into the pipeline.")
+console = Console()
+PROGRESS_S = 2.0
+
+
+@app.command("kafka")
+def kafka(
+    topic: str = typer.Option(..., "--topic", "-t", help="The topic to copy (as named on the cluster; no prefix added)."),
+    bootstrap: str = typer.Option(
+        "", help="The topic's cluster; default the pipeline's. Another cluster is refused (exactly-once needs the same)."
+    ),
+    id_field: str = typer.Option(
+        "", "--id-field", help="JSON field of the value holding the record_id (default: topic/partition/offset)."
+    ),
+    instance: str = typer.Option("", help="Instance name, stable across restarts (default ONCEFLOW_SOURCE_INSTANCE)."),
+    port: int = typer.Option(-1, help="gRPC port (Admin, health); default ONCEFLOW_SOURCE_PORT (15056), 0 picks one."),
+    metrics_port: int = typer.Option(-1, help="Prometheus port; default ONCEFLOW_SOURCE_METRICS_PORT (9106), 0: none."),
+) -> None:
+    """Copy TOPIC into ingest.records exactly once until Ctrl-C; unmappable records go to source.dlq."""
+    given = {"bootstrap": bootstrap, "id_field": id_field, "instance": instance, "port": port, "metrics_port": metrics_port}
+    overrides = {"topic": topic, **{name: value for name, value in given.items() if value not in ("", -1)}}
+    settings = SourceSettings(**overrides)  # type: ignore[arg-type]
+    logs.setup("source", settings.instance, "WARNING")  # the progress line, not the service's info log
+    try:
+        check_source(settings)
+    except SourceRefused as exc:
+        console.print(f"[red]refused:[/red] {exc}")
+        raise typer.Exit(EXIT_USAGE) from None
+    loop, server, stage = build(settings)
+    ids = f"field {settings.id_field!r}" if settings.id_field else "topic/partition/offset"
+    console.print(f"copying {topic} -> {settings.common.topic(Topic.INGEST_RECORDS)} (record_id: {ids}); Ctrl-C stops")
+    done = threading.Event()
+
+    def progress() -> None:
+        while not done.wait(PROGRESS_S):
+            lag = sum(p.lag for p in loop.stats.partitions)
+            console.print(f"copied {stage.counts.copied:,}  dead letters {stage.counts.dead_lettered:,}  "
+                          f"transactions {loop.stats.committed:,} (aborted {loop.stats.aborted})  lag {lag:,}  {loop.state.value}")
+
+    threading.Thread(target=progress, name="progress", daemon=True).start()
+    try:
+        code = run_loop_service(loop, server, settings.metrics_port, settings.host)
+    finally:
+        done.set()
+    console.print(f"stopped (exit {code}): copied {stage.counts.copied:,}, dead letters {stage.counts.dead_lettered:,}")
+    raise typer.Exit(code)

@@ -1,0 +1,149 @@
+"""How a record enters the pipeline, for every spout (ingest's gRPC calls, the Kafka source):
+checked against the same limits, wrapped in the first envelope of a new tuple tree, and written
+to ``ingest.records`` keyed by record_id, with, when acking is on, the INIT that starts its tree
+and names where the record landed (the replayer reads it back from there).
+
+Pure but for ``produce_new_records``, which writes inside the caller's open transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
+
+from confluent_kafka import KafkaError, Message
+
+from onceflow import acks
+from onceflow.codec import new_id
+from onceflow.kafka.records import offset_of, partition_of
+from onceflow.v1.acker_pb2 import RecordRef
+from onceflow.v1.envelope_pb2 import Envelope
+from onceflow.v1.ingest_pb2 import IngestRecord
+
+if TYPE_CHECKING:  # the loop imports this module, and txn imports the loop
+    from onceflow.txn.producer import TransactionalProducer
+
+RECORD_ID_MAX_BYTES = 256  # part of the contract (docs/services/ingest.md), not a tunable
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_payload_bytes: int
+    max_key_bytes: int
+    max_headers: int = 32
+    max_header_key_bytes: int = 256
+    max_header_value_bytes: int = 16 * 1024
+    # The whole record as it will be written: a record Kafka would refuse as too large must
+    # be refused alone, not fail the transaction it would share with other records.
+    max_record_bytes: int = 512 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Invalid:
+    """Why one record was refused: ``field`` names the record by index, e.g. records[3].record_id."""
+
+    index: int
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+def check_record(index: int, record: IngestRecord, limits: Limits, field_prefix: str = "records") -> Invalid | None:
+    where = f"{field_prefix}[{index}]"
+    record_id = record.record_id
+    if not record_id:
+        return Invalid(index, f"{where}.record_id", "required: the idempotency key (ingest never invents one)")
+    if len(record_id) > RECORD_ID_MAX_BYTES:
+        return Invalid(index, f"{where}.record_id", f"{len(record_id)} bytes, the limit is {RECORD_ID_MAX_BYTES}")
+    try:
+        record_id.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return Invalid(index, f"{where}.record_id", f"not valid UTF-8 (byte {exc.start})")
+    if len(record.payload) > limits.max_payload_bytes:
+        return Invalid(index, f"{where}.payload", f"{len(record.payload)} bytes, the limit is {limits.max_payload_bytes}")
+    if len(record.key) > limits.max_key_bytes:
+        return Invalid(index, f"{where}.key", f"{len(record.key)} bytes, the limit is {limits.max_key_bytes}")
+    if record.event_time_ms < 0:
+        return Invalid(index, f"{where}.event_time_ms", f"{record.event_time_ms} is negative")
+    if len(record.headers) > limits.max_headers:
+        return Invalid(index, f"{where}.headers", f"{len(record.headers)} headers, the limit is {limits.max_headers}")
+    for name, value in record.headers.items():
+        if len(name.encode()) > limits.max_header_key_bytes:
+            return Invalid(index, f"{where}.headers", f"a name of {len(name.encode())} bytes, the limit is {limits.max_header_key_bytes}")
+        if len(value.encode()) > limits.max_header_value_bytes:
+            return Invalid(index, f"{where}.headers[{name!r}]", f"{len(value.encode())} bytes, the limit is {limits.max_header_value_bytes}")
+    if (size := record.ByteSize()) > limits.max_record_bytes:
+        return Invalid(index, where, f"{size} bytes in all, the limit is {limits.max_record_bytes}")
+    return None
+
+
+def envelope_bytes(record: IngestRecord, ingest_time_ms: int, root_id: int, edge_id: int, attempt: int = 1) -> bytes:
+    """A checked record as the serialized first envelope of a new tuple tree.
+
+    IngestRecord shares Envelope's field numbers (see ingest.proto), so the record's own bytes
+    followed by the fields ingest adds parse as one Envelope: protobuf merges concatenated
+    messages. Much cheaper than building and encoding an Envelope per record.
+    """
+    added = Envelope(root_id=root_id, edge_id=edge_id, attempt=attempt, ingest_time_ms=ingest_time_ms)
+    if not record.event_time_ms:
+        added.event_time_ms = ingest_time_ms
+    return record.SerializeToString() + added.SerializeToString()
+
+
+class NewRecord(NamedTuple):
+    """A checked record ready for ``ingest.records``: its Kafka key and first envelope, and the
+    ids of the tree it starts."""
+
+    record_id: bytes
+    envelope: bytes
+    root_id: int
+    edge_id: int
+
+
+def new_record(record: IngestRecord, ingest_time_ms: int) -> NewRecord:
+    """The record as the root of a fresh tree (random root and edge ids, attempt 1)."""
+    root_id, edge_id = new_id(), new_id()
+    return NewRecord(record.record_id, envelope_bytes(record, ingest_time_ms, root_id, edge_id), root_id, edge_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Inits:
+    """Where INITs go (acking on): ``acker.acks`` and its partition count, and the trees' timeout."""
+
+    acks_topic: str
+    acks_partitions: int
+    timeout_ms: int
+
+
+def produce_new_records(producer: TransactionalProducer, topic: str, records: Iterable[NewRecord], inits: Inits | None) -> None:
+    """Write records to ``topic`` (``ingest.records``) inside the caller's open transaction;
+    with ``inits``, each one's INIT too. An INIT names where its record lives (for replays), so
+    the records are delivered first (flush, still inside the transaction) and their offsets go
+    into the INITs. A record not delivered aborts the transaction."""
+    records = list(records)
+    if inits is None:
+        for record in records:
+            producer.produce(topic, record.envelope, key=record.record_id)
+        return
+    origins: list[tuple[int, int] | None] = [None] * len(records)
+
+    def delivered(index: int) -> Callable[[KafkaError | None, Message], None]:
+        def callback(err: KafkaError | None, msg: Message) -> None:
+            if err is None:
+                origins[index] = (partition_of(msg), offset_of(msg))
+
+        return callback
+
+    for index, record in enumerate(records):
+        producer.produce(topic, record.envelope, key=record.record_id, on_delivery=delivered(index))
+    producer.flush()
+    buffer = acks.AckBuffer(inits.acks_partitions)
+    for record, origin in zip(records, origins, strict=True):
+        if origin is None:
+            raise producer.abortable("a record was not delivered inside the transaction")
+        ref = RecordRef(record_id=record.record_id.decode(), topic=topic, partition=origin[0], offset=origin[1])
+        buffer.add(acks.init(record.root_id, [record.edge_id], ref, attempt=1, timeout_ms=inits.timeout_ms))
+    for partition, value in buffer.seal():
+        producer.produce(inits.acks_topic, value, partition=partition)

@@ -1,0 +1,1 @@
+"""onceflow Kafka source: a user's existing topic into ingest.records, exactly once."""

@@ -1,0 +1,81 @@
+"""Kafka source settings: ONCEFLOW_SOURCE_* (plus the common ONCEFLOW_* and ONCEFLOW_LOOP_* ones)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from onceflow import topology
+from onceflow.config import CommonSettings, LoopSettings, grpc_port_setting, host_setting, metrics_port_setting
+from onceflow.spout import Limits
+
+
+class SourceSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ONCEFLOW_SOURCE_", extra="ignore")
+
+    common: CommonSettings = Field(
+        default_factory=CommonSettings,
+        description="The source uses the Kafka ones (the pipeline's cluster, which must also hold the source topic), "
+        "the topic prefix, the transaction timeout, the tokens, TLS and the log level; it needs no Redis.",
+    )
+    loop: LoopSettings = Field(
+        default_factory=LoopSettings,
+        description="The source's loop over the user's topic: each batch's records, their INITs and the consumed "
+        "offsets commit in one transaction.",
+    )
+    topic: str = Field(
+        default="",
+        description="The user's topic to copy (required), as named on the cluster: no topic prefix is added.",
+    )
+    bootstrap: str = Field(
+        default="",
+        description="Where the topic lives; empty: the pipeline's cluster (`ONCEFLOW_KAFKA_BOOTSTRAP`). Another "
+        "cluster is refused at startup: its offsets could not commit in the pipeline's transaction.",
+    )
+    id_field: str = Field(
+        default="",
+        description="Empty: record_id is `topic/partition/offset`. Else the field of the JSON value that holds the "
+        "record_id (a dotted path reaches into nested objects); records without it go to `source.dlq`.",
+    )
+    host: str = host_setting()
+    port: int = grpc_port_setting(topology.SOURCE_SERVICE)
+    metrics_port: int = metrics_port_setting(topology.SOURCE_SERVICE)
+    instance: str = Field(
+        default="source-0",
+        description="A name stable across restarts: the transactional.id `onceflow-source-<topic>-<instance>` derives "
+        "from it, so a restarted instance fences its own zombie.",
+    )
+    acking: bool = Field(
+        default=True,
+        description="Start each record's tuple tree as ingest does: its INIT goes to the acker with the record, and "
+        "ingest's replayer replays a tree that times out; `false` when the pipeline runs without acking.",
+    )
+    tree_timeout_ms: int = Field(
+        default=30_000, ge=100, description="A tree not fully acked within this is TIMED_OUT and replayed."
+    )
+    max_payload_bytes: int = Field(
+        default=256 * 1024,
+        ge=1,
+        le=900 * 1024,
+        description="A record's value; a bigger one goes to `source.dlq`. At most 900 KiB, as for ingest.",
+    )
+    max_key_bytes: int = Field(default=4096, ge=1, description="A record's key; a bigger one goes to `source.dlq`.")
+    max_record_bytes: int = Field(
+        default=512 * 1024,
+        ge=1,
+        le=900 * 1024,
+        description="The whole record as written to `ingest.records`, headers included; a bigger one goes to "
+        "`source.dlq`.",
+    )
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(self.max_payload_bytes, self.max_key_bytes, max_record_bytes=self.max_record_bytes)
+
+    @property
+    def group_id(self) -> str:
+        return topology.SOURCE.group_id(self.common.topic_prefix, job=self.topic)
+
+    @property
+    def transactional_id(self) -> str:
+        return topology.SOURCE.transactional_id(self.common.topic_prefix, self.instance, job=self.topic)
