@@ -93,8 +93,8 @@ test-fast: setup browser tilt compose-schema
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not fault and not cluster and not spark_cluster and not extended"
 
 # mypy over the packages `[tool.mypy]` in pyproject.toml lists (the core, the client and every
-# service but compute, until its move into subpackages is done), with the generated wire
-# contracts' .pyi stubs. tests/test_types.py runs the same check in the suite.
+# service), with the generated wire contracts' .pyi stubs. tests/test_types.py runs the same
+# check in the suite.
 typecheck: proto
 	$(PY) -m mypy
 

@@ -1,6 +1,5 @@
 """The type check and the private-names rule over the packages mypy checks (`[tool.mypy]` in
-the root pyproject.toml: the core, the client and every service but compute, until its move into
-subpackages is done).
+the root pyproject.toml: the core, the client and every service).
 
 mypy runs as `make typecheck` does; its config is strict enough to matter (every def typed,
 untyped bodies checked, no bare generics, unused `type: ignore`s are errors). The private-names

@@ -7,6 +7,7 @@ import grpc
 import pyarrow as pa
 
 from onceflow.codec import now_ms
+from onceflow.state.store import MemoryStore
 from onceflow.state.stores import PartitionStores
 from onceflow.txn import TransactionalLoop
 from onceflow.v1 import compute_pb2, compute_pb2_grpc
@@ -40,8 +41,8 @@ class ComputeAdminServicer(compute_pb2_grpc.ComputeAdminServicer):
         job: Job,
         engine: str,
         counts: JobCounts,
-        loops: list[TransactionalLoop],
-        stores: PartitionStores | None,
+        loops: list[TransactionalLoop[MemoryStore]],
+        stores: PartitionStores[MemoryStore] | None,
         bounds: tuple[int, int],
         watermarks: WatermarkTracker,
     ) -> None:
@@ -112,7 +113,7 @@ class ComputeAdminServicer(compute_pb2_grpc.ComputeAdminServicer):
         ]
         keys = 0
         if self._stores is not None:
-            keys = sum(len(store) for _p, store in self._stores.items())  # type: ignore[arg-type]
+            keys = sum(len(store) for _p, store in self._stores.items())
         return compute_pb2.ComputeStatsReply(
             job=self._job.name,
             engine=self._engine,

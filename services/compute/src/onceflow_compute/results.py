@@ -12,5 +12,5 @@ def state_key(job: str, key: str) -> bytes:
     return f"{job}\x00{key}".encode()
 
 
-def result_change(job: str, key: str, op: ResultChange.Op.ValueType, row: dict[str, JSONValue]) -> bytes:
+def result_change(job: str, key: str, op: ResultChange.Op, row: dict[str, JSONValue]) -> bytes:
     return ResultChange(job=job, key=key, op=op, value=encode_json(row)).SerializeToString()

@@ -12,6 +12,7 @@ from onceflow.admin.loop_controls import LoopControls
 from onceflow.codec import now_ms
 from onceflow.kafka import inspect
 from onceflow.runner import run_loop_service
+from onceflow.state.store import MemoryStore
 from onceflow.state.stores import Changelog
 from onceflow.topology import Topic
 from onceflow.txn import TransactionalLoop
@@ -56,7 +57,7 @@ def merge_stage_for(job: Aggregation | Join, results_topic: str, counts: stats.J
     return MergeStage(job, results_topic, counts)
 
 
-def build(settings: ComputeSettings) -> tuple[list[TransactionalLoop], ServiceServer, Engine]:
+def build(settings: ComputeSettings) -> tuple[list[TransactionalLoop[MemoryStore]], ServiceServer, Engine]:
     common = settings.common
     job = jobs.load_job(settings.job)  # a bad job name fails here, before Spark starts
     engine = make_engine(settings, job)
@@ -122,7 +123,7 @@ def build(settings: ComputeSettings) -> tuple[list[TransactionalLoop], ServiceSe
     )
 
     def keys_in_state() -> int:
-        return 0 if stores is None else sum(len(store) for _p, store in stores.items())  # type: ignore[arg-type]
+        return 0 if stores is None else sum(len(store) for _p, store in stores.items())
 
     stats.BATCH_BOUND.labels(job.name).set_function(lambda: map_loop.stats.batch_bound)
     stats.KEYS.labels(job.name).set_function(keys_in_state)

@@ -194,7 +194,10 @@ class Combine(_ColumnAggregate):
         # Spark picks the UDF's kind (Series -> scalar: a grouped aggregate) from real type
         # hints; this module's postponed annotations would hand it strings.
         fold.__annotations__ = {"values": pd.Series, "return": str}
-        return [pandas_udf(fold, "string")(self.column)]  # type: ignore[call-overload]
+        # Any: pyspark's overloads of pandas_udf have no form that takes the kind from the
+        # function's type hints (a function and a return type only), as this call does.
+        udf: Any = pandas_udf
+        return [udf(fold, "string")(self.column)]
 
     def pandas(self, groups: pd.core.groupby.DataFrameGroupBy) -> list[pd.Series]:
         return [groups[self.column].agg(self._fold)]

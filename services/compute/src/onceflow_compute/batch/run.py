@@ -150,15 +150,15 @@ def _join_rows(job: Join, table: pa.Table, engine: Engine) -> dict[str, dict[str
     frame = engine.frame(table)
     sides = []
     for prefix, build in (("l", job.left), ("r", job.right)):
-        rows = build(frame).where(F.col(job.on).isNotNull() & F.col(job.time_column).isNotNull())
-        columns = rows.columns
+        side_rows = build(frame).where(F.col(job.on).isNotNull() & F.col(job.time_column).isNotNull())
+        columns = side_rows.columns
         if isinstance(job.window, Tumbling):
             size, offset = job.window.size_ms, job.window.offset_ms
             start = F.floor((F.col(job.time_column).cast("long") - offset) / size) * size + offset
         else:
             start = F.lit(0)
         sides.append(
-            rows.select(
+            side_rows.select(
                 F.col(job.on).cast("string").alias(f"{prefix}_on"),
                 start.cast("long").alias(f"{prefix}_window"),
                 F.struct(*[F.col(c) for c in columns]).alias(prefix),

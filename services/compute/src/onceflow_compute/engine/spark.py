@@ -11,7 +11,7 @@ import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import pyarrow as pa
 
@@ -23,7 +23,7 @@ from onceflow_compute.engine import cds, sessions
 from onceflow_compute.engine.shipping import archive, shippable
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class SparkEngine:
         self._build = lambda: sessions.build_session(
             master, app_name, shuffle_partitions, driver_memory, java_options, conf or {}
         )
-        self.session = None
+        self.session: SparkSession | None = None
         # The Python the executors run. In local mode they are this machine's processes and
         # need this venv; on a cluster, the workers' own Python unless a setting names one (a
         # Connect server's executors: the server's setting).
@@ -84,7 +84,7 @@ class SparkEngine:
             raise
         log.info("Spark %s session on %s", session.version, self._master)
 
-    def _adopt(self, session) -> None:  # noqa: ANN001 - a pyspark SparkSession
+    def _adopt(self, session: SparkSession) -> None:
         self.session = session
         self._flavour = sessions.flavour(session)
         # Arrow input is split into partitions of this many rows.
@@ -111,7 +111,7 @@ class SparkEngine:
         kind = "Spark Connect" if sessions.is_connect(self._master) else "Spark"
         return EngineUnavailable(f"{kind} at {self._master} is unavailable (a new session is opened for the next batch): {exc}")
 
-    def _collect(self, frame) -> pa.Table:  # noqa: ANN001 - a pyspark DataFrame
+    def _collect(self, frame: DataFrame) -> pa.Table:
         """The frame as Arrow, cancelled past the batch timeout (EngineStalled): a batch that
         waits forever for executors would hold its partitions, unnoticed, with the service
         reporting itself healthy."""
@@ -143,7 +143,8 @@ class SparkEngine:
             self._cancelled.discard(tag)
             flavour.untag(tag)
 
-    def frame(self, table: pa.Table):  # noqa: ANN201 - a pyspark DataFrame
+    def frame(self, table: pa.Table) -> DataFrame:
+        assert self.session is not None  # callers run in _reaching (which opens it) or after a batch that did
         return self.session.createDataFrame(table)
 
     def partials(self, job: Aggregation, table: pa.Table) -> pa.Table:
@@ -171,7 +172,8 @@ class SparkEngine:
         if job.prepare is not None:
             frame = job.prepare(frame)
         names = iter(partial_columns(job))
-        builtin, udfs = [], []
+        builtin: list[Column] = []
+        udfs: list[Column] = []
         for aggregate in job.aggregates:
             columns = [c.alias(next(names)) for c in aggregate.spark()]
             (udfs if isinstance(aggregate, Combine) else builtin).extend(columns)
@@ -266,7 +268,7 @@ class SessionEngine(SparkEngine):
 
 def as_engine(session_or_engine: SparkSession | Engine) -> Engine:
     if hasattr(session_or_engine, "partials") and hasattr(session_or_engine, "transform"):
-        return session_or_engine  # type: ignore[return-value]
+        return cast(Engine, session_or_engine)  # the hasattr checks above do not narrow the union
     if hasattr(session_or_engine, "createDataFrame"):  # a classic or a Spark Connect session
         return SessionEngine(session_or_engine)
     raise TypeError(f"expected a SparkSession or an engine, got {type(session_or_engine).__name__}")

@@ -19,6 +19,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from onceflow.kafka.records import partition_of
+from onceflow.state.store import MemoryStore
 from onceflow.txn.batch import Batch
 from onceflow.v1.compute_pb2 import PartialAggregate, SourceWatermark
 
@@ -44,11 +46,11 @@ class EventTimeGate:
         self._source_partitions = source_partitions
         self._state_key = job.name.encode()
 
-    def newest(self, batch: Batch, partition: int) -> int | None:
+    def newest(self, batch: Batch[MemoryStore], partition: int) -> int | None:
         value = batch.state(partition).get(self._state_key)
         return None if value is None else int(value)
 
-    def split(self, frame: Frame, batch: Batch) -> tuple[Frame, int, dict[int, int]]:
+    def split(self, frame: Frame, batch: Batch[MemoryStore]) -> tuple[Frame, int, dict[int, int]]:
         """The frame without its too-late records (dead-lettered to compute.late and acked) and
         without records that have no event time (dead-lettered to compute.dlq); how many were
         too late; and each input partition's new watermark, for ``emit_watermarks`` once the
@@ -58,7 +60,7 @@ class EventTimeGate:
         keep: list[bool] = []
         late = 0
         for record, envelope, time in zip(frame.records, frame.envelopes, times, strict=True):
-            partition = record.partition()
+            partition = partition_of(record)
             if partition not in newest:
                 newest[partition] = self.newest(batch, partition)
             if time is None:
@@ -81,7 +83,7 @@ class EventTimeGate:
                 continue
             keep.append(True)
             newest[partition] = time if before is None else max(before, time)
-        marks = {}
+        marks: dict[int, int] = {}
         for partition, time in newest.items():
             if time is not None:
                 batch.state(partition).put(self._state_key, str(time).encode())
@@ -97,14 +99,14 @@ class EventTimeGate:
         )
         return kept, late, marks
 
-    def emit_watermarks(self, batch: Batch, marks: dict[int, int]) -> None:
+    def emit_watermarks(self, batch: Batch[MemoryStore], marks: dict[int, int]) -> None:
         """After the batch's partials, never before: a watermark says nothing earlier follows
         from its partition, and a merge batch may end between the two. Emitted first, the merge
         could expire a window and then meet this batch's partial for it (dropped)."""
         for partition, watermark in marks.items():
             self._emit_watermark(batch, partition, watermark)
 
-    def _emit_watermark(self, batch: Batch, partition: int, watermark: int) -> None:
+    def _emit_watermark(self, batch: Batch[MemoryStore], partition: int, watermark: int) -> None:
         value = PartialAggregate(
             job=self.job.name,
             watermark=SourceWatermark(partition=partition, watermark_ms=watermark, partitions=self._source_partitions),

@@ -18,6 +18,8 @@ import pyarrow as pa
 
 from onceflow import faults
 from onceflow.codec import now_ms
+from onceflow.kafka.records import partition_of
+from onceflow.state.store import MemoryStore
 from onceflow.txn.batch import Batch
 from onceflow.v1.compute_pb2 import JoinRow, PartialAggregate
 from onceflow.v1.results_pb2 import ResultChange
@@ -61,13 +63,14 @@ class MapStage:
         self._results_topic = results_topic
         self.counts = counts
 
-    def process(self, batch: Batch) -> None:
+    def process(self, batch: Batch[MemoryStore]) -> None:
         frame = build_frame(batch.records, self.job.schema)
         for record, envelope, reason in frame.rejected:
             batch.dead_letter(record, reason)
             if envelope is not None:
                 batch.ack(envelope)  # dead-lettered is processed: the tree ends here
-        late, marks = 0, {}
+        late = 0
+        marks: dict[int, int] = {}
         if self.event_time is not None:
             frame, late, marks = self.event_time.split(frame, batch)
         job_seconds: float | None = None
@@ -97,7 +100,7 @@ class MapStage:
     def on_revoke(self, partitions: list[int]) -> None:
         self.watermarks.revoke(partitions)
 
-    def _advance_watermarks_after_commit(self, batch: Batch, frame: Frame) -> None:
+    def _advance_watermarks_after_commit(self, batch: Batch[MemoryStore], frame: Frame) -> None:
         # Only committed input moves event time: an aborted batch is read again.
         column = getattr(self.job, "time_column", "_event_time_ms")
         if frame.table.num_rows and column in frame.table.column_names:
@@ -107,8 +110,11 @@ class MapStage:
         # Only each partition's newest time matters to the tracker: one observation per partition.
         newest: dict[int, int] = {}
         for record, t in zip(frame.records, event_times, strict=True):
-            if t is not None and t > newest.get(record.partition(), t - 1):
-                newest[record.partition()] = t
+            if t is None:
+                continue
+            partition = partition_of(record)
+            if t > newest.get(partition, t - 1):
+                newest[partition] = t
         at = batch.now_ms
 
         def advance() -> None:
@@ -117,7 +123,7 @@ class MapStage:
 
         batch.after_commit.append(advance)
 
-    def _emit(self, outputs: list[pa.Table], batch: Batch) -> int:
+    def _emit(self, outputs: list[pa.Table], batch: Batch[MemoryStore]) -> int:
         job = self.job
         if isinstance(job, Transform):
             emitted = 0
@@ -131,12 +137,12 @@ class MapStage:
         # Bisection may have split the batch: merge the parts' partials per key (and bucket) first.
         merged = merge_partials(job, outputs)
         for (key, bucket), partials in merged.items():
-            value = PartialAggregate(job=job.name, key=key, partials=encode_json(partials), bucket_ms=bucket)
+            aggregate = PartialAggregate(job=job.name, key=key, partials=encode_json(partials), bucket_ms=bucket)
             # Keyed by the group key alone: all of a key's windows have one owner (sessions merge).
-            batch.emit(self._partials_topic, value.SerializeToString(), key=state_key(job.name, key))
+            batch.emit(self._partials_topic, aggregate.SerializeToString(), key=state_key(job.name, key))
         return len(merged)
 
-    def _emit_join_rows(self, job: Join, outputs: list[pa.Table], batch: Batch) -> int:
+    def _emit_join_rows(self, job: Join, outputs: list[pa.Table], batch: Batch[MemoryStore]) -> int:
         emitted = 0
         for table in outputs:
             columns = [table.column(name).to_pylist() for name in (SIDE, KEY, TIME, ROW)]
@@ -148,7 +154,7 @@ class MapStage:
                 emitted += 1
         return emitted
 
-    def _count_after_commit(self, batch: Batch, job_seconds: float | None, emitted: int, late: int) -> None:
+    def _count_after_commit(self, batch: Batch[MemoryStore], job_seconds: float | None, emitted: int, late: int) -> None:
         records, dead = len(batch.records), batch.dead_letters
 
         def count() -> None:

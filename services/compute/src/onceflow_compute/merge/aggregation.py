@@ -8,6 +8,8 @@ import json
 
 from confluent_kafka import Message
 
+from onceflow.kafka.records import partition_of
+from onceflow.state.store import MemoryStore
 from onceflow.txn.batch import Batch
 from onceflow.v1.compute_pb2 import PartialAggregate
 from onceflow.v1.results_pb2 import ResultChange
@@ -24,7 +26,7 @@ class MergeStage(MergeHop):
         super().__init__(job, results_topic, counts)
         self.job: Aggregation = job
 
-    def process(self, batch: Batch) -> None:
+    def process(self, batch: Batch[MemoryStore]) -> None:
         job = self.job
         # Per (partition, key): the row as committed before this batch and the row now, so a key
         # gets one -old/+new per transaction however many partials of it the batch held.
@@ -36,7 +38,8 @@ class MergeStage(MergeHop):
                 if partial is None:
                     continue  # another job's partial
                 key, values = partial
-                state = batch.state(record.partition())
+                partition = partition_of(record)
+                state = batch.state(partition)
                 skey = state_key(job.name, key)
                 current = state.get(skey)
                 current_partials = None if current is None else json.loads(current)
@@ -44,9 +47,9 @@ class MergeStage(MergeHop):
                 new_row = job.row(key, merged)
                 encode_json(new_row)  # a result() that raises or is not JSON is this partial's fault
                 state.put(skey, encode_json(merged))
-                seen = rows.get((record.partition(), key))
+                seen = rows.get((partition, key))
                 old_row = seen[0] if seen else None if current_partials is None else job.row(key, current_partials)
-                rows[(record.partition(), key)] = (old_row, new_row)
+                rows[(partition, key)] = (old_row, new_row)
             except Exception as exc:  # noqa: BLE001 - one bad partial must not stop the stream
                 batch.rollback_to(savepoint)
                 batch.dead_letter(record, exc)

@@ -11,6 +11,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, Generic, Protocol, TypeVar
 
+from onceflow.kafka.records import partition_of
 from onceflow.state.overlay import StateTransaction
 from onceflow.state.store import MemoryStore
 from onceflow.txn.batch import Batch
@@ -60,7 +61,7 @@ class SourceWatermarks:
             return None
         return min(marks.values())
 
-    def persist(self, state: StateTransaction, partition: int, reported: set[int]) -> None:
+    def persist(self, state: StateTransaction[MemoryStore], partition: int, reported: set[int]) -> None:
         count = self._count.get(partition, 0)
         for source in reported:
             state.put(self._prefix + str(source).encode(), encode_json([self._marks[partition][source], count]))
@@ -100,11 +101,11 @@ class KeyedEventTimeMerge(MergeHop, Generic[S]):
         dead-letters the record."""
         raise NotImplementedError
 
-    def apply(self, batch: Batch, partition: int, partial: PartialAggregate, taken: Any) -> int:
+    def apply(self, batch: Batch[MemoryStore], partition: int, partial: PartialAggregate, taken: Any) -> int:
         """Apply what :meth:`take` returned; the result changes emitted."""
         return 0
 
-    def after_batch(self, batch: Batch, partition: int, reported: set[int]) -> int:
+    def after_batch(self, batch: Batch[MemoryStore], partition: int, reported: set[int]) -> int:
         """Once per partition the batch touched; the result changes emitted."""
         raise NotImplementedError
 
@@ -142,11 +143,11 @@ class KeyedEventTimeMerge(MergeHop, Generic[S]):
 
     # -- a batch -------------------------------------------------------------------------
 
-    def process(self, batch: Batch) -> None:
+    def process(self, batch: Batch[MemoryStore]) -> None:
         touched: dict[int, set[int]] = {}
         changes = 0
         for record in batch.records:
-            partition = record.partition()
+            partition = partition_of(record)
             reported = touched.setdefault(partition, set())
             try:
                 partial = PartialAggregate.FromString(record.value() or b"")
@@ -166,7 +167,7 @@ class KeyedEventTimeMerge(MergeHop, Generic[S]):
 
     # -- after a batch -------------------------------------------------------------------
 
-    def persist(self, batch: Batch, partition: int, reported: set[int]) -> None:
+    def persist(self, batch: Batch[MemoryStore], partition: int, reported: set[int]) -> None:
         """The changed keys' snapshots and the newly reported source watermarks, into the
         batch's state (its changelog records)."""
         state = self.states[partition]

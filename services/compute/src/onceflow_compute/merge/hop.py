@@ -4,6 +4,7 @@ job, where its result changes go and how they are keyed, and counting them once 
 
 from __future__ import annotations
 
+from onceflow.state.store import MemoryStore
 from onceflow.txn.batch import Batch
 from onceflow.v1.results_pb2 import ResultChange
 
@@ -20,13 +21,13 @@ class MergeHop:
         self.results_topic = results_topic
         self.counts = counts
 
-    def emit_change(self, batch: Batch, result_key: str, op: ResultChange.Op.ValueType, row: dict[str, JSONValue]) -> None:
+    def emit_change(self, batch: Batch[MemoryStore], result_key: str, op: ResultChange.Op, row: dict[str, JSONValue]) -> None:
         # Keyed by the result row: compute.results is compacted per row (the sink rebuilds a table
         # from it), and a row's changes stay in order on one results partition.
         value = result_change(self.job.name, result_key, op, row)
         batch.emit(self.results_topic, value, key=state_key(self.job.name, result_key))
 
-    def count_after_commit(self, batch: Batch, changes: int) -> None:
+    def count_after_commit(self, batch: Batch[MemoryStore], changes: int) -> None:
         def count() -> None:
             self.counts.results += changes
             stats.RESULTS.labels(self.job.name).inc(changes)

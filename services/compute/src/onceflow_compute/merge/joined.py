@@ -16,12 +16,13 @@ from __future__ import annotations
 import json
 import logging
 
+from onceflow.state.store import MemoryStore
 from onceflow.txn.batch import Batch
 from onceflow.v1.compute_pb2 import JoinRow, PartialAggregate
 from onceflow.v1.results_pb2 import ResultChange
 
 from onceflow_compute import stats
-from onceflow_compute.api import Join
+from onceflow_compute.api import Join, JSONValue
 from onceflow_compute.dataflow.joins import JoinChange, StreamJoin
 from onceflow_compute.merge.event_time import KeyedEventTimeMerge
 
@@ -43,7 +44,7 @@ class JoinMergeStage(KeyedEventTimeMerge[StreamJoin]):
 
     # -- a batch -------------------------------------------------------------------------
 
-    def take(self, partition: int, partial: PartialAggregate) -> tuple[dict, int]:
+    def take(self, partition: int, partial: PartialAggregate) -> tuple[dict[str, JSONValue], int]:
         if not partial.HasField("join_row") or partial.join_row.side not in (JoinRow.LEFT, JoinRow.RIGHT):
             raise ValueError(f"record for join key {partial.key!r} carries no join row")
         row = json.loads(partial.join_row.row)
@@ -51,7 +52,7 @@ class JoinMergeStage(KeyedEventTimeMerge[StreamJoin]):
             raise ValueError(f"join row for {partial.key!r} is not a JSON object: {row!r}")
         return row, partial.join_row.side
 
-    def apply(self, batch: Batch, partition: int, partial: PartialAggregate, taken: tuple[dict, int]) -> int:
+    def apply(self, batch: Batch[MemoryStore], partition: int, partial: PartialAggregate, taken: tuple[dict[str, JSONValue], int]) -> int:
         row, side = taken
         join = self.states[partition]
         add = join.add_left if side == JoinRow.LEFT else join.add_right
@@ -60,12 +61,12 @@ class JoinMergeStage(KeyedEventTimeMerge[StreamJoin]):
             self._emit(batch, partial.key, change)
         return len(changes)
 
-    def _emit(self, batch: Batch, join_key: str, change: JoinChange) -> None:
+    def _emit(self, batch: Batch[MemoryStore], join_key: str, change: JoinChange) -> None:
         window = self.job.window_of_key(join_key)
         result_key = self.job.result_key(change.left, change.right, window)
         self.emit_change(batch, result_key, OPS[change.op], self.job.row(change.left, change.right, window))
 
-    def after_batch(self, batch: Batch, partition: int, reported: set[int]) -> int:
+    def after_batch(self, batch: Batch[MemoryStore], partition: int, reported: set[int]) -> int:
         """Drop the windows the watermark has closed, then persist the changed keys."""
         watermark = self.sources.watermark(partition)
         if watermark is not None:

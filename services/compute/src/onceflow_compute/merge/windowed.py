@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import logging
 
+from onceflow.state.store import MemoryStore
 from onceflow.txn.batch import Batch
 from onceflow.v1.compute_pb2 import PartialAggregate
 from onceflow.v1.results_pb2 import ResultChange
 
 from onceflow_compute import stats
-from onceflow_compute.api import Aggregation, encode_json
+from onceflow_compute.api import Aggregation, JSONValue, encode_json
 from onceflow_compute.dataflow.panes import Firing, WindowedAggregation
 from onceflow_compute.merge.event_time import KeyedEventTimeMerge
 from onceflow_compute.merge.partials import decode_partials
@@ -36,9 +37,9 @@ def windowed_engine(job: Aggregation) -> WindowedAggregation:
     )
 
 
-def firing_changes(job: Aggregation, firing: Firing) -> list[tuple[str, ResultChange.Op.ValueType, dict]]:
+def firing_changes(job: Aggregation, firing: Firing) -> list[tuple[str, ResultChange.Op, dict[str, JSONValue]]]:
     """A firing as result changes: (result key, op, row), retractions first."""
-    changes: list[tuple[str, ResultChange.Op.ValueType, dict]] = [
+    changes: list[tuple[str, ResultChange.Op, dict[str, JSONValue]]] = [
         (job.result_key(firing.key, window), ResultChange.RETRACT, row) for window, row in firing.retractions
     ]
     changes.append((job.result_key(firing.key, firing.window, firing.index), ResultChange.UPSERT, firing.row))
@@ -56,7 +57,7 @@ class WindowedMergeStage(KeyedEventTimeMerge[WindowedAggregation]):
     def loaded(self, partition: int, engine: WindowedAggregation) -> None:
         engine.advance_watermark(self.sources.watermark(partition))
 
-    def punctuate(self, batch: Batch) -> None:
+    def punctuate(self, batch: Batch[MemoryStore]) -> None:
         """Processing time passes while no partials arrive: early panes still fire every
         ``early_every_ms`` (the shared loop calls this every ``ONCEFLOW_LOOP_PUNCTUATE_MS``)."""
         if self.job.trigger.early_every_ms is None:
@@ -74,7 +75,7 @@ class WindowedMergeStage(KeyedEventTimeMerge[WindowedAggregation]):
             # watermark cannot be ahead of it here: only if the windows changed underneath.
             log.warning("%s: partial for %r at %d arrived after its windows expired", self.name, partial.key, partial.bucket_ms)
 
-    def after_batch(self, batch: Batch, partition: int, reported: set[int]) -> int:
+    def after_batch(self, batch: Batch[MemoryStore], partition: int, reported: set[int]) -> int:
         """Fire what is due, then persist the changed panes."""
         engine = self.states[partition]
         engine.advance_watermark(self.sources.watermark(partition))
