@@ -53,20 +53,30 @@ def _bindable(port: int) -> bool:
 
 
 class ServiceProcess:
+    """``python -m module args``, or with ``command`` an explicit argv (a JVM peer of
+    ``onceflow bench``: ``java -jar ...``), in a session of its own, its output in ``log_path``."""
+
     def __init__(
         self, name: str, module: str, env: Mapping[str, str], log_dir: Path, cwd: Path | None = None,
         args: Sequence[str] = (),
         python: str = sys.executable,
+        command: Sequence[str] | None = None,
     ) -> None:
         self.name = name
         self.module = module
         self.args = list(args)
         self.python = python  # another venv's, for a peer whose pins clash with ours (onceflow bench)
+        self.command = list(command) if command is not None else None
         self.env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
         self.log_path = log_dir / f"{name}.log"
         self.cwd = cwd
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+
+    @property
+    def argv(self) -> list[str]:
+        """What ``start`` runs."""
+        return self.command if self.command is not None else [self.python, "-m", self.module, *self.args]
 
     def start(self, extra_env: Mapping[str, str] | None = None) -> ServiceProcess:
         env = {**self.env, **(extra_env or {})}
@@ -75,7 +85,7 @@ class ServiceProcess:
         log.write(f"\n===== start #{self.starts} =====\n".encode())
         log.flush()
         self.proc = subprocess.Popen(
-            [self.python, "-m", self.module, *self.args], env=env, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT,
+            self.argv, env=env, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         log.close()

@@ -1,17 +1,20 @@
 """One hop at a time on the same backlog: onceflow's dedup gate and compute worker, and what a
-user would otherwise run for the same job (a Quix Streams exactly-once app) or could at best get
-(a bare transactional copier). Each runs as its own process and is timed the same way: from its
+user would otherwise run for the same job (a Quix Streams or a Kafka Streams exactly-once app) or
+could at best get (a bare transactional copier). Each runs as its own process and is timed the same way: from its
 consumer group's first commit until it has committed the whole backlog (``watch.py``).
 
 onceflow's services are warmed up first (Spark JIT-compiles its own code for minutes): they
 consume a warm-up backlog, are paused through their Admin API while the measured backlog is
-written, and resumed. The peers are plain Python over librdkafka and start at full speed."""
+written, and resumed. The peers start at full speed: Quix is plain Python over librdkafka, and
+Kafka Streams' JVM starts cold but its group join is not timed either."""
 
 from __future__ import annotations
 
+import re
 import subprocess
+import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,13 +29,18 @@ from onceflow.topology import Topic
 from onceflow.v1 import admin_pb2, admin_pb2_grpc
 from onceflow_tools.bench import workload
 from onceflow_tools.bench.watch import BacklogRun, GroupWatch, time_backlog
+from onceflow_tools.infra.kafka import java_executable
 from onceflow_tools.infra.topics import TopicSpec, delete_topics, ensure_topics
 from onceflow_tools.process import ServiceProcess, free_port, pipeline_service
 
 QUIX_DIR = Path("bench") / "peers" / "quix"
+KSTREAMS_DIR = Path("bench") / "peers" / "kstreams"
+KSTREAMS_JAR = Path("target") / "onceflow-kstreams-peer.jar"
 PEER_INPUT, PEER_OUTPUT = "peer.input", "peer.output"
 # The contenders of the hop table, by the job they do.
-HOPS = ("copier", "dedup", "quix-dedup", "compute", "quix-keyed-count")
+HOPS = ("copier", "dedup", "quix-dedup", "kstreams-dedup", "compute", "quix-keyed-count", "kstreams-keyed-count")
+# Kafka Streams' own default commit.interval.ms under exactly_once_v2 (30 s under at_least_once).
+KSTREAMS_DEFAULT_COMMIT_INTERVAL_S = 0.1
 _TOKEN = "bench"
 
 
@@ -42,6 +50,7 @@ class HopOptions:
     warm_up_records: int = 50_000
     users: int = 1_000
     quix_commit_interval_s: float = 1.0
+    kstreams_commit_interval_s: float = KSTREAMS_DEFAULT_COMMIT_INTERVAL_S
     log_dir: Path = Path(".")
 
 
@@ -52,12 +61,15 @@ def transaction_sizes(options: HopOptions) -> dict[str, str]:
     loop, compute = LoopSettings(), ComputeSettings()
     per_batch = f"≤ {loop.max_batch_records:,} records or {loop.max_batch_ms} ms"
     quix = f"a checkpoint every {options.quix_commit_interval_s:g} s"
+    kstreams = f"a commit every {options.kstreams_commit_interval_s:g} s (commit.interval.ms)"
     return {
         "copier": per_batch,
         "dedup": per_batch,
         "compute": f"{compute.min_batch_records:,}–{compute.max_batch_records:,} records (adaptive) or {compute.max_batch_ms} ms, per hop",
         "quix-dedup": quix,
         "quix-keyed-count": quix,
+        "kstreams-dedup": kstreams,
+        "kstreams-keyed-count": kstreams,
     }
 
 
@@ -83,9 +95,10 @@ def _namespace(tag: str) -> Iterator[CommonSettings]:
 
 
 def _run_peer(process: ServiceProcess, watch: GroupWatch, total: int) -> BacklogRun:
+    started = time.monotonic()
     process.start()
     try:
-        return time_backlog(watch, total, process.alive)
+        return time_backlog(watch, total, process.alive, started=started)
     finally:
         watch.close()
         if process.alive():
@@ -180,6 +193,15 @@ def compute(options: HopOptions) -> BacklogRun:
             merge.close()
 
 
+def peer_args(app: str, common: CommonSettings, group: str, commit_interval_s: float, state_dir: Path) -> list[str]:
+    """The arguments both peers' apps take (``apps.py`` and the Kafka Streams jar alike)."""
+    return [
+        app, "--bootstrap", common.kafka_bootstrap, "--input", common.topic(PEER_INPUT),
+        "--output", common.topic(PEER_OUTPUT), "--group", group,
+        "--commit-interval", f"{commit_interval_s:g}", "--state-dir", str(state_dir), "--quiet",
+    ]
+
+
 def quix_python(root: Path | None = None) -> Path:
     """The Quix Streams peer's own venv (its pins clash with the workspace's), set up on demand."""
     folder = (root or repo_root()) / QUIX_DIR
@@ -196,17 +218,55 @@ def quix(options: HopOptions, app: str) -> BacklogRun:
         state_dir = options.log_dir / f"quix-state-{uuid.uuid4().hex[:6]}"
         process = ServiceProcess(
             f"quix-{app}", "apps", {}, options.log_dir, cwd=repo_root() / QUIX_DIR,
-            args=[app, "--bootstrap", common.kafka_bootstrap, "--input", common.topic(PEER_INPUT),
-                  "--output", common.topic(PEER_OUTPUT), "--group", group,
-                  "--commit-interval", str(options.quix_commit_interval_s), "--state-dir", str(state_dir), "--quiet"],
+            args=peer_args(app, common, group, options.quix_commit_interval_s, state_dir),
             python=str(quix_python()),
         )
         return _run_peer(process, GroupWatch(common, group, common.topic(PEER_INPUT)), options.records)
 
 
+def kstreams_version(pom: Path) -> str:
+    """The ``kafka.version`` property of a pom (the peer's and the broker's must agree)."""
+    m = re.search(r"<kafka\.version>([^<]+)</kafka\.version>", pom.read_text())
+    if not m:
+        raise ValueError(f"no <kafka.version> in {pom}")
+    return m.group(1)
+
+
+def kstreams_jar(root: Path | None = None) -> Path:
+    """The Kafka Streams peer's runnable jar, built by Maven on demand (``setup.sh`` rebuilds only
+    when its pom or sources changed)."""
+    folder = (root or repo_root()) / KSTREAMS_DIR
+    subprocess.run([str(folder / "setup.sh")], check=True)
+    return folder / KSTREAMS_JAR
+
+
+def kstreams_command(java: str, jar: Path, args: Sequence[str]) -> list[str]:
+    """``java -jar`` the peer with a small heap: it shares two cores with the broker and the bench."""
+    return [java, "-Xms128m", "-Xmx512m", "-XX:+UseG1GC", "-jar", str(jar), *args]
+
+
+def kstreams(options: HopOptions, app: str) -> BacklogRun:
+    """A Kafka Streams app (``Main.java``: ``dedup`` or ``keyed_count``), exactly_once_v2, on the
+    same records as JSON. Its group is its application.id."""
+    with _namespace(f"ks{app.replace('_', '')}") as common:
+        workload.write_backlog(common, common.topic(PEER_INPUT), _peer_records(options, keyed_by_record_id=app == "dedup"))
+        group = common.topic(f"kstreams-{app}")
+        state_dir = options.log_dir / f"kstreams-state-{uuid.uuid4().hex[:6]}"
+        args = peer_args(app, common, group, options.kstreams_commit_interval_s, state_dir)
+        process = ServiceProcess(
+            f"kstreams-{app}", "", {}, options.log_dir, cwd=repo_root() / KSTREAMS_DIR,
+            command=kstreams_command(java_executable(), kstreams_jar(), args),
+        )
+        return _run_peer(process, GroupWatch(common, group, common.topic(PEER_INPUT)), options.records)
+
+
+# How each contender of HOPS is run.
+RUNNERS: dict[str, Callable[[HopOptions], BacklogRun]] = {
+    "copier": copier, "dedup": dedup, "compute": compute,
+    "quix-dedup": lambda o: quix(o, "dedup"), "quix-keyed-count": lambda o: quix(o, "keyed_count"),
+    "kstreams-dedup": lambda o: kstreams(o, "dedup"), "kstreams-keyed-count": lambda o: kstreams(o, "keyed_count"),
+}
+
+
 def run_hop(name: str, options: HopOptions) -> BacklogRun:
-    runners: dict[str, Callable[[HopOptions], BacklogRun]] = {
-        "copier": copier, "dedup": dedup, "compute": compute,
-        "quix-dedup": lambda o: quix(o, "dedup"), "quix-keyed-count": lambda o: quix(o, "keyed_count"),
-    }
-    return runners[name](options)
+    return RUNNERS[name](options)

@@ -16,7 +16,10 @@ from onceflow_tools.bench.pipeline import ModeResult
 from onceflow_tools.bench.watch import BacklogRun
 
 # The targets, as (ratio name, lowest acceptable) and the p99 bound at half load.
-TARGETS = {"exactly_once_vs_at_least_once": 0.8, "dedup_vs_quix": 1.0, "compute_vs_quix": 1.0}
+TARGETS = {
+    "exactly_once_vs_at_least_once": 0.8, "dedup_vs_quix": 1.0, "compute_vs_quix": 1.0,
+    "dedup_vs_kstreams": 0.5, "compute_vs_kstreams": 0.5,
+}
 P99_BOUND_MS = 2_000.0
 
 
@@ -34,10 +37,15 @@ class Report:
         if eos and alos:
             ratios["exactly_once_vs_at_least_once"] = eos.sustainable / alos.sustainable
         rate = {name: run.records_per_s for name, run in self.hops.items()}
-        for ours, peer, name in (("dedup", "quix-dedup", "dedup_vs_quix"), ("compute", "quix-keyed-count", "compute_vs_quix")):
+        for ours, peer, name in (
+            ("dedup", "quix-dedup", "dedup_vs_quix"), ("compute", "quix-keyed-count", "compute_vs_quix"),
+            ("dedup", "kstreams-dedup", "dedup_vs_kstreams"), ("compute", "kstreams-keyed-count", "compute_vs_kstreams"),
+            ("quix-dedup", "kstreams-dedup", "quix_dedup_vs_kstreams"),
+            ("quix-keyed-count", "kstreams-keyed-count", "quix_keyed_count_vs_kstreams"),
+        ):
             if ours in rate and peer in rate:
                 ratios[name] = rate[ours] / rate[peer]
-        for name in ("dedup", "compute", "quix-dedup", "quix-keyed-count"):
+        for name in ("dedup", "compute", "quix-dedup", "quix-keyed-count", "kstreams-dedup", "kstreams-keyed-count"):
             if name in rate and "copier" in rate:
                 ratios[f"{name}_vs_copier"] = rate[name] / rate["copier"]
         return ratios
@@ -62,7 +70,10 @@ class Report:
         return {
             "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
             "pipeline": {name: asdict(mode) for name, mode in self.modes.items()},
-            "hops": {name: {**asdict(run), "records_per_s": run.records_per_s} for name, run in self.hops.items()},
+            "hops": {
+                name: {**asdict(run), "records_per_s": run.records_per_s, "records_per_s_from_start": run.records_per_s_from_start}
+                for name, run in self.hops.items()
+            },
             "hop_records": self.hop_records,
             "hop_transactions": self.hop_transactions,
             "failures": self.failures,
@@ -95,12 +106,17 @@ def print_tables(report: Report, console: Console) -> None:
         console.print(table)
     if report.hops:
         table = Table(title=f"one hop on a backlog of {report.hop_records:,} records (first commit → all committed)")
-        for column in ("contender", "records/s", "× copier", "one transaction"):
-            table.add_column(column, justify="right" if column in ("records/s", "× copier") else "left")
+        numbers = ("records/s", "× copier", "from process start")
+        for column in ("contender", *numbers, "one transaction"):
+            table.add_column(column, justify="right" if column in numbers else "left")
         copier = report.hops.get("copier")
         for name, run in report.hops.items():
             ratio = f"{run.records_per_s / copier.records_per_s:.2f}" if copier else "-"
-            table.add_row(name, f"{run.records_per_s:,.0f}", ratio, report.hop_transactions.get(name, ""))
+            whole = run.records_per_s_from_start
+            table.add_row(
+                name, f"{run.records_per_s:,.0f}", ratio, "-" if whole is None else f"{whole:,.0f}",
+                report.hop_transactions.get(name, ""),
+            )
         console.print(table)
     for part, why in report.failures.items():
         console.print(f"[red]not measured[/]: {part}: {why}")

@@ -1,6 +1,6 @@
 """`onceflow bench`: the pipeline end to end in exactly-once and at-least-once mode over a sweep
 of offered rates, and its dedup and compute hops against a bare transactional copier and Quix
-Streams exactly-once apps on the same backlog, all in one run on this machine. Writes a table,
+Streams and Kafka Streams exactly-once apps on the same backlog, all in one run on this machine. Writes a table,
 a JSON file and a latency-vs-throughput plot. Exit 0 once everything was measured, whether or
 not the targets are met (it measures; docs/performance.md records what it found); 2 if a part
 could not be measured (the rest is still reported)."""
@@ -29,6 +29,9 @@ def bench(
     step: float = typer.Option(15.0, help="Seconds each offered rate runs."),
     users: int = typer.Option(1_000, help="Distinct keys of the keyed count."),
     quix_commit_interval: float = typer.Option(1.0, help="Quix Streams' commit interval, seconds (its default is 5)."),
+    kstreams_commit_interval: float = typer.Option(
+        hops.KSTREAMS_DEFAULT_COMMIT_INTERVAL_S, help="Kafka Streams' commit.interval.ms, in seconds (its exactly_once_v2 default: 0.1)."
+    ),
     parts: str = typer.Option("pipeline,hops", help="What to run: pipeline, hops, or both."),
     hop_names: str = typer.Option(",".join(hops.HOPS), "--hops", help=f"Hop contenders: {', '.join(hops.HOPS)}."),
     output: Path = typer.Option(Path("bench/results"), help="Folder for onceflow-bench.json and onceflow-bench.png."),
@@ -81,7 +84,7 @@ def bench(
     if "hops" in chosen:
         hop_options = hops.HopOptions(
             records=records, warm_up_records=hop_warm_up, users=users, quix_commit_interval_s=quix_commit_interval,
-            log_dir=log_dir,
+            kstreams_commit_interval_s=kstreams_commit_interval, log_dir=log_dir,
         )
         report.hop_transactions = hops.transaction_sizes(hop_options)
         for name in contenders:

@@ -40,7 +40,9 @@ _JVM_OPTS = [
 ]
 
 
-def _java() -> str:
+def java_executable() -> str:
+    """JAVA_HOME's java, else the one on PATH (the broker's, and the Kafka Streams peer's of
+    ``onceflow bench``)."""
     java_home = os.environ.get("JAVA_HOME")
     if java_home and (Path(java_home) / "bin" / "java").exists():
         return str(Path(java_home) / "bin" / "java")
@@ -257,7 +259,7 @@ class KafkaBroker:
         self._install()
         self._render_props()
         cmd = [
-            _java(),
+            java_executable(),
             *self._log_opts(),
             "-cp",
             f"{self.libs_dir}/*",
@@ -372,7 +374,7 @@ class KafkaBroker:
             self._install()
             self._format()
             self._render_props()
-            java = _java()
+            java = java_executable()
             classpath = ["-cp", f"{self.libs_dir}/*", _MAIN_CLASS, str(self.props_path)]
             cmd = [java, *_JVM_OPTS, *self._cds_opts(java), *self._log_opts(), *classpath]
             if self.out_path.exists():  # keep the previous JVM's output (a crash) one start longer
