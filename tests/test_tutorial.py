@@ -39,6 +39,7 @@ from pathlib import Path
 
 import pytest
 
+from onceflow import topology
 from onceflow.config import CommonSettings, repo_root
 from onceflow_client import QueryClient
 from onceflow_tools.infra.kafka import KafkaBroker
@@ -264,7 +265,9 @@ def test_the_tutorial_runs_as_written_and_streaming_equals_batch_equals_the_fold
     clone.mkdir()
     (clone / ".venv").symlink_to(repo_root() / ".venv", target_is_directory=True)
     stack = Stack(own_home(tmp_path))
-    for name in ("kafka", "kafka-controller", "redis", "ingest", "acker", "dedup", "compute", "sink"):
+    # Every service the services config names gets a port of its own, the optional source too
+    # (the page never starts it; its entry must still move off the default port).
+    for name in ("kafka", "kafka-controller", "redis", *(service.name for service in topology.SERVICES)):
         stack.ports[name] = free_port()
     env = stack.env()
     scripts = tmp_path / "blocks"
