@@ -44,7 +44,7 @@ from onceflow.config import CommonSettings, repo_root
 from onceflow_client import QueryClient
 from onceflow_tools.infra.kafka import KafkaBroker
 from onceflow_tools.infra.settings import DEFAULT_KAFKA_PORT
-from onceflow_tools.process import free_port
+from onceflow_tools.process import free_port, stack_dump
 from onceflow_tools.verify.check import undrained
 from tests.conftest import SHORT_LIVED_COMPUTE, eventually
 
@@ -137,7 +137,13 @@ class Terminal:
     def interrupt(self, timeout_s: float = 30.0) -> int:
         """Ctrl-C: SIGINT to the foreground process group, as a terminal sends it."""
         os.killpg(self.proc.pid, signal.SIGINT)
-        code = self.proc.wait(timeout_s)
+        try:
+            code = self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            # Where it sits, C frames (librdkafka) included: once seen in a fresh-clone run, a
+            # tail that had printed every change did not exit, and never since.
+            stacks = "\n".join(stack_dump(int(pid), native=True) for pid in _group(self.proc.pid))
+            raise AssertionError(f"still running {timeout_s}s after Ctrl-C:\n{self.output()[-3000:]}\n{stacks}") from None
         self._reader.join(5)
         return code
 
@@ -155,6 +161,12 @@ class Terminal:
         except ProcessLookupError:
             pass
         self._log.close()
+
+
+def _group(pgid: int) -> list[str]:
+    """The pids in process group ``pgid``."""
+    done = subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True)
+    return done.stdout.split()
 
 
 def fold(orders: list[dict]) -> dict[str, dict]:

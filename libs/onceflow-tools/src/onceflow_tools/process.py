@@ -140,16 +140,8 @@ class ServiceProcess:
             raise AssertionError(f"{self.name} still running after {timeout_s}s\n{self.log_tail()}\n{stacks}") from None
 
     def stack_dump(self) -> str:
-        """Every thread's Python stack (py-spy, a dev dependency), or "" if it cannot be had:
-        where a process that should have moved on sits, rather than guesses."""
-        py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-        if not self.alive() or not Path(py_spy).exists():
-            return ""
-        try:
-            done = subprocess.run([py_spy, "dump", "--pid", str(self.pid)], capture_output=True, text=True, timeout=60)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return f"py-spy dump failed: {exc}"
-        return done.stdout + done.stderr
+        """Every thread's Python stack, or "" if it cannot be had (see ``stack_dump``)."""
+        return stack_dump(self.pid) if self.alive() else ""
 
     def ensure_dead(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -208,3 +200,20 @@ def pipeline_service(
         **{f"{upper}{key}": value for key, value in settings.items()},
     }
     return ServiceProcess(log_name or name, f"onceflow_{name}", env, log_dir, cwd=repo_root())
+
+
+def stack_dump(pid: int, native: bool = False) -> str:
+    """Every thread's Python stack in process ``pid`` (py-spy, a dev dependency), with the C
+    frames beneath if ``native``; "" if py-spy is missing: where a process that should have
+    moved on sits, rather than guesses."""
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(py_spy).exists():
+        return ""
+    try:
+        done = subprocess.run(
+            [py_spy, "dump", *(["--native"] if native else []), "--pid", str(pid)],
+            capture_output=True, text=True, timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"py-spy dump failed: {exc}"
+    return done.stdout + done.stderr
