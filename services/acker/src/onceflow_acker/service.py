@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from onceflow.admin import ServerTLS, ServiceServer, Tokens
+from onceflow.admin import ServiceServer
 from onceflow.admin.loop_controls import LoopControls
 from onceflow.runner import run_loop_service
 from onceflow.state.store import MemoryStore
@@ -38,14 +38,8 @@ def build(settings: AckerSettings) -> tuple[TransactionalLoop[MemoryStore], Serv
         return float(sum(len(store) for _p, store in stores.items()))
 
     PENDING.set_function(pending_trees)
-    server = ServiceServer(
-        service="acker",
-        instance=settings.instance,
-        host=settings.host,
-        port=settings.port,
-        controls=LoopControls(loop, lambda: {"pending_trees": pending_trees()}),
-        tokens=Tokens.from_settings(common),
-        tls=ServerTLS.from_settings(common),
+    server = ServiceServer.for_service(
+        "acker", settings, LoopControls(loop, lambda: {"pending_trees": pending_trees()}),
         add_servicers=lambda server: acker_pb2_grpc.add_AckerAdminServicer_to_server(admin, server),
         service_names=(acker_pb2.DESCRIPTOR.services_by_name["AckerAdmin"].full_name,),
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import math
 
-from onceflow.admin import ServerTLS, ServiceServer, Tokens
+from onceflow.admin import ServiceServer
 from onceflow.admin.loop_controls import LoopControls
 from onceflow.codec import now_ms
 from onceflow.kafka import inspect
@@ -143,14 +143,8 @@ def build(settings: ComputeSettings) -> tuple[list[TransactionalLoop[MemoryStore
             "watermark_ms": watermark_or(-1.0),
         }
 
-    server = ServiceServer(
-        service="compute",
-        instance=settings.instance,
-        host=settings.host,
-        port=settings.port,
-        controls=LoopControls(loops, gauges),
-        tokens=Tokens.from_settings(common),
-        tls=ServerTLS.from_settings(common),
+    server = ServiceServer.for_service(
+        "compute", settings, LoopControls(loops, gauges),
         add_servicers=lambda server: compute_pb2_grpc.add_ComputeAdminServicer_to_server(admin, server),
         service_names=(compute_pb2.DESCRIPTOR.services_by_name["ComputeAdmin"].full_name,),
     )

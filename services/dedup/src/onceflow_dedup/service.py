@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 
-from onceflow.admin import ServerTLS, ServiceServer, Tokens
+from onceflow.admin import ServiceServer
 from onceflow.admin.loop_controls import LoopControls
 from onceflow.kafka.inspect import partitions_of
 from onceflow.redis_client import connect
@@ -62,14 +62,8 @@ def build(settings: DedupSettings) -> tuple[TransactionalLoop[exact.DedupStore],
             "redis_restarts_seen": float(watch.changes),
         }
 
-    server = ServiceServer(
-        service="dedup",
-        instance=settings.instance,
-        host=settings.host,
-        port=settings.port,
-        controls=LoopControls(loop, gauges),
-        tokens=Tokens.from_settings(common),
-        tls=ServerTLS.from_settings(common),
+    server = ServiceServer.for_service(
+        "dedup", settings, LoopControls(loop, gauges),
         add_servicers=lambda server: dedup_pb2_grpc.add_DedupAdminServicer_to_server(admin, server),
         service_names=(dedup_pb2.DESCRIPTOR.services_by_name["DedupAdmin"].full_name,),
     )

@@ -6,7 +6,7 @@ import logging
 import threading
 
 from onceflow import metrics, spout
-from onceflow.admin import RESERVED_FOR_ADMIN, ServerTLS, ServiceServer, StatusSnapshot, Tokens
+from onceflow.admin import RESERVED_FOR_ADMIN, ServiceServer, StatusSnapshot
 from onceflow.kafka.inspect import wait_partition_count
 from onceflow.runner import on_stop_signals
 from onceflow.state.store import KeyValueStore
@@ -84,14 +84,8 @@ class IngestService:
             acking=acking,
         )
         self.servicer = IngestServicer(settings, self.committer)
-        self.server = ServiceServer(
-            service="ingest",
-            instance=settings.instance,
-            host=settings.host,
-            port=settings.port,
-            controls=self,
-            tokens=Tokens.from_settings(settings.common),
-            tls=ServerTLS.from_settings(common),
+        self.server = ServiceServer.for_service(
+            "ingest", settings, self,
             max_receive_bytes=settings.max_request_bytes,
             max_workers=settings.max_concurrent_calls + RESERVED_FOR_ADMIN,
             add_servicers=lambda server: ingest_pb2_grpc.add_IngestServicer_to_server(self.servicer, server),

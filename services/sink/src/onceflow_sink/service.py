@@ -3,7 +3,7 @@ tables -> gRPC (Admin + Query + health), run by the lifecycle every consuming se
 
 from __future__ import annotations
 
-from onceflow.admin import ServerTLS, ServiceServer, Tokens
+from onceflow.admin import ServiceServer
 from onceflow.admin.loop_controls import LoopControls
 from onceflow.redis_client import connect
 from onceflow.runner import run_loop_service
@@ -30,15 +30,9 @@ def run(settings: SinkSettings) -> int:
     client.ping()  # fail at startup, with the URL in the error, rather than at the first batch
     tables = ResultTables(client, common.topic_prefix, common.redis_wait_replicas, common.redis_wait_timeout_ms)
     worker = SinkWorker(common, settings.loop, tables, settings.group_id, settings.transactional_id, settings.acking)
-    server = ServiceServer(
-        service="sink",
-        instance=settings.instance,
-        host=settings.host,
-        port=settings.port,
-        controls=LoopControls(worker, lambda: gauges(worker)),
-        tokens=Tokens.from_settings(common),
+    server = ServiceServer.for_service(
+        "sink", settings, LoopControls(worker, lambda: gauges(worker)),
         add_servicers=lambda server: sink_pb2_grpc.add_QueryServicer_to_server(QueryServicer(tables), server),
         service_names=(sink_pb2.DESCRIPTOR.services_by_name["Query"].full_name,),
-        tls=ServerTLS.from_settings(common),
     )
     return run_loop_service(worker, server, settings.metrics_port, settings.host)

@@ -9,7 +9,7 @@ import sys
 
 from confluent_kafka.admin import AdminClient
 
-from onceflow.admin import ServerTLS, ServiceServer, Tokens
+from onceflow.admin import ServiceServer
 from onceflow.admin.loop_controls import LoopControls
 from onceflow.kafka import clients
 from onceflow.runner import run_loop_service
@@ -80,14 +80,8 @@ def build(settings: SourceSettings) -> tuple[TransactionalLoop[KeyValueStore], S
     def gauges() -> dict[str, float]:
         return {"copied": float(stage.counts.copied), "dead_lettered": float(stage.counts.dead_lettered)}
 
-    server = ServiceServer(
-        service="source",
-        instance=settings.instance,
-        host=settings.host,
-        port=settings.port,
-        controls=LoopControls(loop, gauges),
-        tokens=Tokens.from_settings(common),
-        tls=ServerTLS.from_settings(common),
+    server = ServiceServer.for_service(
+        "source", settings, LoopControls(loop, gauges),
     )
     return loop, server, stage
 

@@ -19,6 +19,7 @@ from onceflow import __version__, faults
 from onceflow.admin.auth import TokenAuthInterceptor, Tokens
 from onceflow.admin.malformed import MalformedRequestInterceptor
 from onceflow.admin.tls import ServerTLS
+from onceflow.config import CommonSettings
 from onceflow.v1 import admin_pb2, admin_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -123,6 +124,19 @@ class _AdminServicer(admin_pb2_grpc.AdminServicer):
         return admin_pb2.DrainReply(state=state, drained=drained)
 
 
+class ServedSettings(Protocol):
+    """What every service's settings say about its gRPC server."""
+
+    @property
+    def instance(self) -> str: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def common(self) -> CommonSettings: ...
+
+
 class ServiceServer:
     """Builds and runs the gRPC server. ``add_servicers`` registers the service's own RPCs;
     ``service_names`` lists their full names for reflection and health; ``tls`` (from
@@ -175,6 +189,26 @@ class ServiceServer:
             raise OSError(f"cannot bind {host}:{port}")
         self.address = f"{host}:{bound}"
         self._transport = "plaintext" if tls is None else tls.mode
+
+    @classmethod
+    def for_service(
+        cls,
+        service: str,
+        settings: ServedSettings,
+        controls: AdminControls,
+        *,
+        add_servicers: Callable[[grpc.Server], None] = lambda _server: None,
+        service_names: tuple[str, ...] = (),
+        max_workers: int = 32,
+        max_receive_bytes: int = 4 * 1024 * 1024,
+    ) -> ServiceServer:
+        """``service``'s server where its settings put it, with the deployment's tokens and TLS."""
+        return cls(
+            service=service, instance=settings.instance, host=settings.host, port=settings.port, controls=controls,
+            tokens=Tokens.from_settings(settings.common), tls=ServerTLS.from_settings(settings.common),
+            add_servicers=add_servicers, service_names=service_names, max_workers=max_workers,
+            max_receive_bytes=max_receive_bytes,
+        )
 
     def start(self) -> None:
         self._server.start()
