@@ -167,6 +167,25 @@ def test_a_commit_unanswered_past_the_resumes_exits_for_a_restart(monkeypatch: p
     assert producer.recreated == 0
 
 
+def test_a_commit_whose_records_timed_out_is_aborted_not_resumed(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A broker away past transaction.timeout.ms: the records in flight time out and every commit
+    # answers at once with the same _TIMED_OUT, which requires an abort. Taken for a call to
+    # resume, it spun for 90 s and exited 4 (a broker-restart test: 776,000 resumes).
+    undelivered = KafkaException(
+        KafkaError(KafkaError._TIMED_OUT, "20 message(s) timed out on t.dedup.changelog [2]", txn_requires_abort=True)
+    )
+    librdkafka = _Librdkafka(*[undelivered] * 10)
+    producer = _producer_over(librdkafka)
+    monkeypatch.setattr(producer._watchdog, "give_up", lambda why: pytest.fail(f"gave up: {why}"))
+    with pytest.raises(KafkaException) as raised:
+        producer.commit()
+    assert raised.value is undelivered and librdkafka.commits == 1
+
+    aborted = _Calls(commit_error=undelivered)
+    assert aborted.transact(lambda: None).outcome is TxnOutcome.ABORTED
+    assert aborted.calls == ["begin", "commit", "abort"]
+
+
 def test_a_commit_refused_outright_is_still_an_unknown_outcome() -> None:
     fatal = KafkaException(KafkaError(KafkaError.INVALID_TXN_STATE, "broker restarted", fatal=True))
     producer = _producer_over(_Librdkafka(fatal))

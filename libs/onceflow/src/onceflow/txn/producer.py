@@ -117,9 +117,15 @@ _RESUME_S = 90.0
 
 def _timed_out(exc: BaseException) -> bool:
     """A call that timed out (librdkafka: retry it to resume), directly or behind the
-    IndefiniteOutcome ``_call`` made of it."""
+    IndefiniteOutcome ``_call`` made of it. Not a transaction whose records timed out: librdkafka
+    says so with the same _TIMED_OUT code ("20 message(s) timed out on ..."; message.timeout.ms
+    defaults to transaction.timeout.ms, so a broker away longer fails the records in flight), but
+    the transaction requires an abort and every later commit returns that error again at once:
+    "resumed", it spun for all of _RESUME_S, then exited 4 (a broker restart: 776,000 resumes)."""
     for error in (exc, exc.__cause__):
         err = kafka_error(error) if isinstance(error, KafkaException) else None
+        if err is not None and err.txn_requires_abort():
+            return False
         if err is not None and err.code() == KafkaError._TIMED_OUT or "retry call to resume" in str(error or ""):
             return True
     return False
