@@ -8,7 +8,9 @@ with its reason. The same check is shown to fail on a build that commits the off
 the transaction (`ONCEFLOW_SABOTAGE=offsets_outside_txn`), killed between the two. With an id
 field, copies of a record at other offsets count once (the gate drops them) and records without
 a usable id are dead letters; `onceflow source kafka` copies with progress and refuses a
-missing topic."""
+missing topic. A topic on a second Kafka cluster is copied the same way through kill -9s and a
+zombie (SIGSTOPped inside its transaction, woken after its replacement took over): each record
+once, and `source.offsets` at the topic's end."""
 
 from __future__ import annotations
 
@@ -31,13 +33,16 @@ from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from onceflow.codec import decode_envelope
-from onceflow.config import CommonSettings
+from onceflow.config import CommonSettings, runtime_dir
 from onceflow.faults import ALLOW_ENV, ENV as FAULT_ENV, SABOTAGE_ENV
 from onceflow.kafka import clients
-from onceflow.kafka.inspect import consumed_everything, read_committed
+from onceflow.kafka.inspect import consumed_everything, end_offsets, hanging_transactions, read_committed
 from onceflow.topology import SOURCE, Topic
+from onceflow.txn.errors import EXIT_FENCED, EXIT_RESTART
+from onceflow.txn.external import ExternalTopic, read_positions
 from onceflow.v1.envelope_pb2 import DeadLetter
 from onceflow_client import QueryClient
+from onceflow_tools.infra.kafka import KafkaBroker
 from onceflow_tools.infra.topics import delete_topics, ensure_topics
 from onceflow_tools.process import ServiceProcess, free_port, pipeline_service
 from onceflow_tools.verify.check import undrained
@@ -45,6 +50,7 @@ from onceflow_tools.verify.supervisor import Supervisor
 from onceflow_tools.workloads import usersum
 from onceflow_tools.workloads.usersum import KeyedRecord
 from tests.conftest import SHORT_LIVED_COMPUTE, TEST_SESSION_TIMEOUT_MS, eventually
+from tests.harness.process import RestartOnRequest
 
 pytestmark = [pytest.mark.source, pytest.mark.integration, pytest.mark.fault, pytest.mark.xdist_group("source")]
 JOB = usersum.JOB
@@ -92,6 +98,14 @@ class Running:
         with QueryClient(self.supervisor.address("sink")) as query:
             return {key: json.loads(value) for key, value in query.scan(JOB, "")}
 
+    def table_matches(self, users: str, answer: dict[str, dict]) -> bool:
+        """Whether the table's rows of ``users`` (a key prefix) are ``answer``; False while the
+        sink does not answer."""
+        try:
+            return {k: v for k, v in self.table().items() if k.startswith(users)} == answer
+        except grpc.RpcError:
+            return False
+
 
 @pytest.fixture(scope="module")
 def running(infra: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
@@ -114,14 +128,14 @@ def running(infra: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[R
         delete_topics(common.kafka_bootstrap, prefix=prefix)  # the users' topics too: they share the prefix
 
 
-def fill_topic(common: CommonSettings, name: str, users: str, count: int, seed: int) -> UserTopic:
+def fill_topic(bootstrap: str, name: str, users: str, count: int, seed: int) -> UserTopic:
     """``count`` usersum records over 3 partitions, every 7th repeating the previous payload (so
     the same payload sits at two offsets: two records), plus unmappable ones: an oversize value
     and a header that is not UTF-8."""
-    admin = AdminClient(clients.plain_config(common.kafka_bootstrap))
+    admin = AdminClient(clients.plain_config(bootstrap))
     admin.create_topics([NewTopic(name, num_partitions=3, replication_factor=1)])[name].result(30)
     rng = random.Random(seed)
-    producer = Producer(clients.plain_config(common.kafka_bootstrap, **{"enable.idempotence": True, "linger.ms": 5}))
+    producer = Producer(clients.plain_config(bootstrap, **{"enable.idempotence": True, "linger.ms": 5}))
     placed: list[tuple[str, KeyedRecord | None, str]] = []  # (partition/offset, record or None, reason)
 
     def delivered(record: KeyedRecord | None, reason: str):  # type: ignore[no-untyped-def]
@@ -183,7 +197,7 @@ def copy_faults(expected: set[str], counts: Counter[str]) -> tuple[list[str], li
 
 def test_a_topic_copied_through_kill9s_counts_every_record_once(running: Running) -> None:
     common = running.common
-    topic = fill_topic(common, f"{common.topic_prefix}user.orders", "a", 3000, seed=7)
+    topic = fill_topic(common.kafka_bootstrap, f"{common.topic_prefix}user.orders", "a", 3000, seed=7)
     rng = random.Random(22)
     kills = 0  # mid-copy
     # Rounds: a fault at a random transaction point (the source kills itself there), or a
@@ -222,13 +236,7 @@ def test_a_topic_copied_through_kill9s_counts_every_record_once(running: Running
         answer = usersum.fold_answer(topic.good.values())
         assert len(answer) > 30 and sum(r["count"] for r in answer.values()) == len(topic.good)
 
-        def matches() -> bool:
-            try:
-                return {k: v for k, v in running.table().items() if k.startswith("a")} == answer
-            except grpc.RpcError:
-                return False
-
-        eventually(matches, 240, "the table to equal the fold of every record of the topic", interval_s=2)
+        eventually(lambda: running.table_matches("a", answer), 240, "the table to equal the fold of every record of the topic", interval_s=2)
         eventually(lambda: not undrained(common, JOB), 120, "the pipeline to drain", interval_s=2)
         assert {k: v for k, v in running.table().items() if k.startswith("a")} == answer
         assert kills >= 4, f"only {kills} kills landed mid-copy"
@@ -238,7 +246,7 @@ def test_a_topic_copied_through_kill9s_counts_every_record_once(running: Running
 
 def test_offsets_committed_outside_the_transaction_lose_records_and_the_check_sees_it(running: Running) -> None:
     common = running.common
-    topic = fill_topic(common, f"{common.topic_prefix}user.sabotaged", "s", 600, seed=8)
+    topic = fill_topic(common.kafka_bootstrap, f"{common.topic_prefix}user.sabotaged", "s", 600, seed=8)
     # Offsets first, then killed after producing the records of the second batch, before commit.
     broken = running.source(topic.name, "b", **{SABOTAGE_ENV: "offsets_outside_txn", FAULT_ENV: "after_produce@2"}).start()
     assert broken.wait_exit(timeout_s=90) == -9, broken.log_tail()
@@ -266,7 +274,7 @@ def test_the_cli_copies_in_the_foreground_with_progress_and_refuses_a_missing_to
     missing = subprocess.run([*cli, "--topic", f"{common.topic_prefix}no.such.topic"], env=env, capture_output=True,
                              text=True, timeout=60)
     assert missing.returncode == 2 and "does not exist" in missing.stdout, missing.stdout + missing.stderr
-    topic = fill_topic(common, f"{common.topic_prefix}user.cli", "c", 300, seed=9)
+    topic = fill_topic(common.kafka_bootstrap, f"{common.topic_prefix}user.cli", "c", 300, seed=9)
     out = running.log_dir / "cli.out"
     with out.open("w") as sink:
         proc = subprocess.Popen([*cli, "--topic", topic.name, "--port", "0", "--metrics-port", "0", "--instance", "cli"],
@@ -312,12 +320,83 @@ def test_with_an_id_field_copies_of_a_record_count_once_and_records_without_one_
                                           "so it has no id field 'id'"): 6}
         answer = usersum.fold_answer(distinct.values())
 
-        def matches() -> bool:
-            try:
-                return {k: v for k, v in running.table().items() if k.startswith("i")} == answer
-            except grpc.RpcError:
-                return False
-
-        eventually(matches, 180, "the table to count each id once", interval_s=2)
+        eventually(lambda: running.table_matches("i", answer), 180, "the table to count each id once", interval_s=2)
     finally:
         process.terminate()
+
+
+@pytest.fixture(scope="module")
+def other_cluster(infra: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    """A second single-node Kafka, holding the user's topic: not the pipeline's cluster."""
+    broker = KafkaBroker(port=free_port(), controller_port=free_port(), home=tmp_path_factory.mktemp("other-kafka"),
+                         libs_home=runtime_dir() / "kafka")
+    try:
+        broker.start()
+        yield broker
+    finally:
+        broker.stop()
+
+
+def _resumed(process: ServiceProcess) -> int:
+    """How many starts got as far as reading their positions back (after fencing)."""
+    return process.log_path.read_text(errors="replace").count("partitions, resuming at") if process.log_path.exists() else 0
+
+
+def test_a_topic_on_another_cluster_is_copied_once_through_kill9s_and_a_zombie(
+    running: Running, other_cluster: KafkaBroker
+) -> None:
+    common = running.common
+    remote = other_cluster.bootstrap
+    topic = fill_topic(remote, f"{common.topic_prefix}user.remote", "r", 2500, seed=11)
+    cluster_id = AdminClient(clients.plain_config(remote)).list_topics(timeout=15).cluster_id
+    assert cluster_id and cluster_id != AdminClient(clients.plain_config(common.kafka_bootstrap)).list_topics(timeout=15).cluster_id
+    external = ExternalTopic(remote, topic.name, cluster_id)
+    env = {"ONCEFLOW_SOURCE_BOOTSTRAP": remote, "ONCEFLOW_LOOP_MAX_BATCH_RECORDS": "20"}
+
+    # The zombie: stops itself inside its third transaction, records produced, not committed.
+    zombie = running.source(topic.name, "zombie", **env, **{FAULT_ENV: "after_produce@3:stop"}).start()
+    eventually(zombie.stopped, 60, "the zombie to stop inside a transaction")
+    # Its replacement (another instance name, the same transactional.id: one owner per topic)
+    # fences it; killed at once inside its own third transaction, then kill -9ed from outside at
+    # random moments; the supervisor starts it again each time.
+    current = running.source(topic.name, "replacement", **env)
+    supervisor = RestartOnRequest(lambda: [current], codes=(-9, EXIT_RESTART)).start()
+    current.start({FAULT_ENV: "after_produce@3"})
+    rng = random.Random(23)
+    try:
+        eventually(lambda: current.starts > 1 and _resumed(current) >= 2, 60, "the restart after the fault")
+        woke_at = len(zombie.log_path.read_text(errors="replace"))
+        zombie.sigcont()  # after its replacement committed: its open transaction was aborted
+        assert zombie.wait_exit(60) == EXIT_FENCED, zombie.log_tail()
+        assert "fenced" in zombie.log_path.read_text(errors="replace")[woke_at:]
+        ends = {p: high for p, (_lso, high) in end_offsets(CommonSettings(kafka_bootstrap=remote), topic.name).items()}
+
+        def copied() -> bool:
+            return read_positions(common, common.topic(Topic.SOURCE_OFFSETS), external) == ends
+
+        kills = 0
+        for _ in range(3):
+            time.sleep(rng.uniform(0.2, 1.2))
+            if copied():
+                break
+            resumed = _resumed(current)
+            assert current.kill9() == -9
+            kills += 1
+            eventually(lambda: _resumed(current) > resumed, 60, "the restarted source to resume")  # noqa: B023
+        assert kills >= 2, f"only {kills} kills landed mid-copy"
+        eventually(copied, 120, "source.offsets to reach the topic's end", interval_s=1)
+    finally:
+        supervisor.stop()
+        current.terminate()
+        zombie.ensure_dead()
+    offsets_topics = [common.topic(Topic.INGEST_RECORDS), common.topic(Topic.SOURCE_OFFSETS)]
+    assert hanging_transactions(common, offsets_topics, wait_s=30) == {}
+    lost, duplicated = copy_faults(set(topic.good), first_attempts(common, topic.name))
+    assert (lost, duplicated) == ([], []), f"lost {lost[:10]} (of {len(lost)}), duplicated {duplicated[:10]}"
+    assert {where: d.error_class for where, d in dead_letters(common, topic.name).items()} == {
+        where: reason for where, (_p, reason) in topic.bad.items()}
+    answer = usersum.fold_answer(topic.good.values())
+
+    eventually(lambda: running.table_matches("r", answer), 120, "the table to equal the fold of every record of the remote topic", interval_s=2)
+    eventually(lambda: not undrained(common, JOB), 120, "the pipeline to drain", interval_s=2)
+    assert {k: v for k, v in running.table().items() if k.startswith("r")} == answer

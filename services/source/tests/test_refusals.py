@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from onceflow.config import CommonSettings
+from onceflow.txn.external import ExternalTopic
 from onceflow_source import service
 from onceflow_source.config import SourceSettings
 
@@ -36,20 +39,30 @@ def test_a_topic_is_required(clusters: dict) -> None:
         service.check_source(settings())
 
 
-def test_a_topic_on_another_cluster_is_refused_not_copied_without_its_offsets_in_the_transaction(clusters: dict) -> None:
+def test_a_topic_on_another_cluster_is_copied_with_its_positions_keyed_by_that_cluster(clusters: dict) -> None:
     clusters[PIPELINE] = ("pipeline-id", {"orders"})
     clusters["other:9092"] = ("other-id", {"orders"})
-    with pytest.raises(service.SourceRefused, match="is not the pipeline's .*not supported yet") as refused:
+    external = service.check_source(settings(topic="orders", bootstrap="other:9092"))
+    assert external == ExternalTopic("other:9092", "orders", "other-id")
+    assert external.position_key(2) == b"other-id/orders/2"
+    # One owner of every partition: the id names the topic and its cluster, not the instance.
+    ids = {service.transactional_id(settings(topic="orders", instance=name), external) for name in ("a", "b")}
+    assert ids == {"onceflow-source-orders-other-id"}
+
+
+def test_a_topic_missing_on_the_other_cluster_is_refused(clusters: dict) -> None:
+    clusters[PIPELINE] = ("pipeline-id", {"orders"})
+    clusters["other:9092"] = ("other-id", {"payments"})
+    with pytest.raises(service.SourceRefused, match="'orders' does not exist on the source cluster"):
         service.check_source(settings(topic="orders", bootstrap="other:9092"))
-    assert "other-id" in str(refused.value) and "pipeline-id" in str(refused.value)
 
 
 def test_another_address_of_the_pipelines_own_cluster_is_the_same_cluster(clusters: dict) -> None:
     clusters[PIPELINE] = ("pipeline-id", {"orders"})
     clusters["localhost:9"] = ("pipeline-id", {"orders"})
-    service.check_source(settings(topic="orders", bootstrap="localhost:9"))
-    service.check_source(settings(topic="orders", bootstrap=PIPELINE))
-    service.check_source(settings(topic="orders"))
+    assert service.check_source(settings(topic="orders", bootstrap="localhost:9")) is None
+    assert service.check_source(settings(topic="orders", bootstrap=PIPELINE)) is None
+    assert service.check_source(settings(topic="orders")) is None
 
 
 def test_a_missing_topic_is_refused(clusters: dict) -> None:
@@ -62,3 +75,12 @@ def test_a_refusal_exits_2_with_the_reason(clusters: dict, capsys: pytest.Captur
     clusters[PIPELINE] = ("pipeline-id", set())
     assert service.run(settings(topic="orders")) == 2
     assert "onceflow-source: topic 'orders' does not exist" in capsys.readouterr().err
+
+
+def test_an_unreachable_source_cluster_is_refused_not_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(service, "_METADATA_TIMEOUT_S", 2.0)
+    admin = service.AdminClient({"bootstrap.servers": "127.0.0.1:1", "log_level": 0})  # nothing listens there
+    started = time.monotonic()
+    with pytest.raises(service.SourceRefused, match=r"cannot reach the source cluster \(127.0.0.1:1\): .*transport"):
+        service._cluster_id(admin, "the source cluster (127.0.0.1:1)")
+    assert time.monotonic() - started < 10

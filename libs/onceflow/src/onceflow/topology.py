@@ -37,6 +37,7 @@ class Topic(StrEnum):
     COMPUTE_DLQ = "compute.dlq"
     SINK_DLQ = "sink.dlq"
     SOURCE_DLQ = "source.dlq"
+    SOURCE_OFFSETS = "source.offsets"
 
 
 @dataclass(frozen=True)
@@ -69,9 +70,11 @@ DEDUP = Hop(
     "dedup", "onceflow-dedup", Topic.INGEST_RECORDS, (Topic.DEDUP_RECORDS, Topic.ACKER_ACKS), Topic.DEDUP_DLQ,
     Topic.DEDUP_CHANGELOG,
 )
-# The Kafka source: a spout over a user's topic (its `{job}` slot: that topic), writing what ingest writes.
+# The Kafka source: a spout over a user's topic (its `{job}` slot: that topic), writing what ingest
+# writes; a topic on another cluster also writes its positions (source.offsets) in the transaction.
 SOURCE = Hop(
-    "source", "onceflow-source-{job}", None, (Topic.INGEST_RECORDS, Topic.ACKER_ACKS), Topic.SOURCE_DLQ,
+    "source", "onceflow-source-{job}", None, (Topic.INGEST_RECORDS, Topic.ACKER_ACKS, Topic.SOURCE_OFFSETS),
+    Topic.SOURCE_DLQ,
     external_input="a user's Kafka topic",
 )
 # A transform job's map hop writes result rows itself; an aggregating job's writes partials.

@@ -15,13 +15,13 @@ class SourceSettings(BaseSettings):
 
     common: CommonSettings = Field(
         default_factory=CommonSettings,
-        description="The source uses the Kafka ones (the pipeline's cluster, which must also hold the source topic), "
-        "the topic prefix, the transaction timeout, the tokens, TLS and the log level; it needs no Redis.",
+        description="The source uses the Kafka ones (the pipeline's cluster; a source topic on another cluster is "
+        "reached with the same security settings), the topic prefix, the transaction timeout, the tokens, TLS and the log level; it needs no Redis.",
     )
     loop: LoopSettings = Field(
         default_factory=LoopSettings,
         description="The source's loop over the user's topic: each batch's records, their INITs and the consumed "
-        "offsets commit in one transaction.",
+        "offsets (or, from another cluster, its positions in `source.offsets`) commit in one transaction.",
     )
     topic: str = Field(
         default="",
@@ -29,8 +29,10 @@ class SourceSettings(BaseSettings):
     )
     bootstrap: str = Field(
         default="",
-        description="Where the topic lives; empty: the pipeline's cluster (`ONCEFLOW_KAFKA_BOOTSTRAP`). Another "
-        "cluster is refused at startup: its offsets could not commit in the pipeline's transaction.",
+        description="Where the topic lives; empty: the pipeline's cluster (`ONCEFLOW_KAFKA_BOOTSTRAP`). On another "
+        "cluster (another cluster id) the source assigns every partition itself and keeps its positions in "
+        "`source.offsets` on the pipeline's cluster, in the same transaction as the records; one instance copies the "
+        "topic, and a second one fences the first.",
     )
     id_field: str = Field(
         default="",
@@ -43,7 +45,8 @@ class SourceSettings(BaseSettings):
     instance: str = Field(
         default="source-0",
         description="A name stable across restarts: the transactional.id `onceflow-source-<topic>-<instance>` derives "
-        "from it, so a restarted instance fences its own zombie.",
+        "from it, so a restarted instance fences its own zombie. A topic on another cluster is copied by one instance "
+        "whatever its name: its transactional.id is `onceflow-source-<topic>-<source cluster id>`.",
     )
     acking: bool = Field(
         default=True,
@@ -79,3 +82,8 @@ class SourceSettings(BaseSettings):
     @property
     def transactional_id(self) -> str:
         return topology.SOURCE.transactional_id(self.common.topic_prefix, self.instance, job=self.topic)
+
+    def external_transactional_id(self, cluster_id: str) -> str:
+        """A topic on another cluster has one owner of all its partitions: every instance that
+        copies it shares this id, so the newest fences any other (ADR 0017)."""
+        return topology.SOURCE.transactional_id(self.common.topic_prefix, cluster_id, job=self.topic)

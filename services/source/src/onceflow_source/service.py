@@ -1,6 +1,8 @@
 """Composition: settings -> SourceStage on the shared loop over the user's topic -> gRPC (Admin +
-health). The loop subscribes on the pipeline's cluster, so the consumed offsets go into the
-same transaction as the records they produced (send_offsets_to_transaction)."""
+health). On the pipeline's cluster the loop subscribes as a group, so the consumed offsets go
+into the same transaction as the records they produced (send_offsets_to_transaction). On another
+cluster it assigns the partitions itself and writes their positions to `source.offsets` in that
+transaction instead (`onceflow.txn.external`, docs/decisions/0017)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from onceflow.service_main import EXIT_USAGE
 from onceflow.topology import Topic
 from onceflow.state.store import KeyValueStore
 from onceflow.txn import TransactionalLoop
+from onceflow.txn.external import ExternalIntake, ExternalTopic
 
 from onceflow_source.config import SourceSettings
 from onceflow_source.mapping import Mapping
@@ -38,29 +41,33 @@ def _cluster_id(admin: AdminClient, where: str) -> tuple[str | None, set[str]]:
     return metadata.cluster_id, set(metadata.topics)
 
 
-def check_source(settings: SourceSettings) -> None:
-    """Refuse what would not be exactly-once, before anything is written: no topic; a topic on
-    another cluster (its offsets could not be part of the pipeline's transaction, and copying
-    with offsets kept outside it could lose or duplicate records after a crash); a missing topic."""
+def check_source(settings: SourceSettings) -> ExternalTopic | None:
+    """Refuse what cannot start, before anything is written: no topic, a cluster that does not
+    answer, a missing topic. Returns the topic's cluster if it is not the pipeline's (another
+    cluster id: its offsets cannot join the pipeline's transaction, so its positions go to
+    source.offsets instead), else None."""
     if not settings.topic:
         raise SourceRefused("ONCEFLOW_SOURCE_TOPIC is required: the topic to copy")
     common = settings.common
     pipeline_id, topics = _cluster_id(clients.admin(common), f"the pipeline's cluster ({common.kafka_bootstrap})")
+    external = None
     if settings.bootstrap and settings.bootstrap != common.kafka_bootstrap:
         source_admin = AdminClient(clients.plain_config(settings.bootstrap))
         source_id, topics = _cluster_id(source_admin, f"the source cluster ({settings.bootstrap})")
         if source_id != pipeline_id:
-            raise SourceRefused(
-                f"the topic's cluster ({settings.bootstrap}, id {source_id}) is not the pipeline's "
-                f"({common.kafka_bootstrap}, id {pipeline_id}): a source on another cluster cannot commit its offsets "
-                "in the pipeline's transaction, so it is not supported yet (docs/services/source.md); copy the topic "
-                "onto the pipeline's cluster first (e.g. MirrorMaker 2) and read it there"
-            )
+            if not source_id:
+                raise SourceRefused(f"the source cluster ({settings.bootstrap}) reports no cluster id")
+            external = ExternalTopic(settings.bootstrap, settings.topic, source_id)
     if settings.topic not in topics:
-        raise SourceRefused(f"topic {settings.topic!r} does not exist on the cluster")
+        where = f"the source cluster ({settings.bootstrap})" if external else "the cluster"
+        raise SourceRefused(f"topic {settings.topic!r} does not exist on {where}")
+    return external
 
 
-def build(settings: SourceSettings) -> tuple[TransactionalLoop[KeyValueStore], ServiceServer, SourceStage]:
+def build(
+    settings: SourceSettings, external: ExternalTopic | None = None
+) -> tuple[TransactionalLoop[KeyValueStore], ServiceServer, SourceStage]:
+    """The loop over the topic; ``external``: the topic is on that other cluster."""
     common = settings.common
     stage = SourceStage(
         Mapping(settings.limits, settings.id_field),
@@ -73,8 +80,9 @@ def build(settings: SourceSettings) -> tuple[TransactionalLoop[KeyValueStore], S
         settings=settings.loop,
         input_topic=settings.topic,
         group_id=settings.group_id,
-        transactional_id=settings.transactional_id,
+        transactional_id=transactional_id(settings, external),
         dlq_topic=common.topic(Topic.SOURCE_DLQ),
+        intake=None if external is None else ExternalIntake(common, external, common.topic(Topic.SOURCE_OFFSETS)),
     )
 
     def gauges() -> dict[str, float]:
@@ -86,14 +94,19 @@ def build(settings: SourceSettings) -> tuple[TransactionalLoop[KeyValueStore], S
     return loop, server, stage
 
 
+def transactional_id(settings: SourceSettings, external: ExternalTopic | None) -> str:
+    return settings.transactional_id if external is None else settings.external_transactional_id(external.cluster_id)
+
+
 def run(settings: SourceSettings) -> int:
     try:
-        check_source(settings)
+        external = check_source(settings)
     except SourceRefused as exc:
         print(f"onceflow-source: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    loop, server, _stage = build(settings)
-    log.info("source: copying %s into %s as %s (record_id: %s)", settings.topic,
-             settings.common.topic(Topic.INGEST_RECORDS), settings.transactional_id,
+    loop, server, _stage = build(settings, external)
+    log.info("source: copying %s%s into %s as %s (record_id: %s)", settings.topic,
+             f" from cluster {external.cluster_id} ({external.bootstrap})" if external else "",
+             settings.common.topic(Topic.INGEST_RECORDS), transactional_id(settings, external),
              f"field {settings.id_field!r}" if settings.id_field else "topic/partition/offset")
     return run_loop_service(loop, server, settings.metrics_port, settings.host)

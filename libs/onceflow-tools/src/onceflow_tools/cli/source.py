@@ -25,7 +25,7 @@ PROGRESS_S = 2.0
 def kafka(
     topic: str = typer.Option(..., "--topic", "-t", help="The topic to copy (as named on the cluster; no prefix added)."),
     bootstrap: str = typer.Option(
-        "", help="The topic's cluster; default the pipeline's. Another cluster is refused (exactly-once needs the same)."
+        "", help="The topic's cluster; default the pipeline's. On another, its positions go to source.offsets, in the transaction."
     ),
     id_field: str = typer.Option(
         "", "--id-field", help="JSON field of the value holding the record_id (default: topic/partition/offset)."
@@ -40,11 +40,11 @@ def kafka(
     settings = SourceSettings(**overrides)  # type: ignore[arg-type]
     logs.setup("source", settings.instance, "WARNING")  # the progress line, not the service's info log
     try:
-        check_source(settings)
+        external = check_source(settings)
     except SourceRefused as exc:
         console.print(f"[red]refused:[/red] {exc}")
         raise typer.Exit(EXIT_USAGE) from None
-    loop, server, stage = build(settings)
+    loop, server, stage = build(settings, external)
     ids = f"field {settings.id_field!r}" if settings.id_field else "topic/partition/offset"
     console.print(f"copying {topic} -> {settings.common.topic(Topic.INGEST_RECORDS)} (record_id: {ids}); Ctrl-C stops")
     done = threading.Event()

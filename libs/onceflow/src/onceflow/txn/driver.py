@@ -10,7 +10,12 @@ that batch's effects and offsets durable together, is its commit strategy, one s
 - `onceflow_sink.worker.SinkWorker`: effects and offsets in Redis under a fenced token, dead
   letters and acks in Kafka transactions.
 
-A fix to the consume/commit cycle lands here once, and both get it.
+Where a hop reads, and where the positions it has read up to are kept, is its `Intake`: by
+default a consumer group on the pipeline's cluster (`GroupIntake`); the Kafka source on another
+cluster assigns that cluster's partitions itself and keeps their positions in a topic of the
+pipeline's cluster (`onceflow.txn.external.ExternalIntake`).
+
+A fix to the consume/commit cycle lands here once, and every hop gets it.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
@@ -32,7 +37,8 @@ from onceflow.kafka import clients
 from onceflow.kafka.inspect import wait_partition_count
 from onceflow.topology import Topic
 from onceflow.txn.errors import EXIT_FENCED, EXIT_OK, EXIT_RESTART, ConsumerStuck, FencedError
-from onceflow.txn.membership import watch_membership
+from onceflow.txn.membership import MembershipWatch, watch_membership
+from onceflow.txn.offsets import committed_offsets
 from onceflow.txn.producer import TransactionalProducer, open_producer
 
 log = logging.getLogger(__name__)
@@ -71,6 +77,60 @@ class LoopStats:
     partitions: list[PartitionProgress] = field(default_factory=list)
 
 
+Rebalance = Callable[[Consumer, list[TopicPartition]], None]
+
+
+class Intake(Protocol):
+    """Where a hop reads and where its read positions commit. ``open`` runs after the hop's
+    transactional producer is initialised (so after any zombie with its transactional.id is
+    fenced), and hands partitions to the driver through ``on_assign``."""
+
+    def open(self, overrides: dict[str, Any], on_assign: Rebalance, on_revoke: Rebalance) -> Consumer: ...
+
+    def observe(self, consumer: Consumer) -> None:
+        """Once per poll round: raise ConsumerStuck if the consumer cannot recover its partitions."""
+
+    def send(self, producer: TransactionalProducer, consumer: Consumer, offsets: list[TopicPartition]) -> None:
+        """Inside the open transaction: the positions after this batch commit with it."""
+
+    def committed(
+        self, consumer: Consumer, partitions: list[TopicPartition], stop: threading.Event
+    ) -> list[TopicPartition] | None:
+        """The committed positions of ``partitions`` (negative: none yet); None if stopped."""
+
+
+class GroupIntake:
+    """A consumer group on the pipeline's cluster: the group spreads the input's partitions over
+    the instances, and the offsets go into the transaction with the group's metadata (KIP-447)."""
+
+    def __init__(self, common: CommonSettings, group_id: str, topic: str, session_timeout_ms: int) -> None:
+        self._common = common
+        self._group_id = group_id
+        self._topic = topic
+        self._session_timeout_ms = session_timeout_ms
+        self._membership: MembershipWatch | None = None
+
+    def open(self, overrides: dict[str, Any], on_assign: Rebalance, on_revoke: Rebalance) -> Consumer:
+        consumer = clients.consumer(
+            self._common, self._group_id, **{"session.timeout.ms": self._session_timeout_ms, **overrides}
+        )
+        consumer.subscribe([self._topic], on_assign=on_assign, on_revoke=on_revoke, on_lost=on_revoke)
+        self._membership = watch_membership(self._common, self._group_id)
+        return consumer
+
+    def observe(self, consumer: Consumer) -> None:
+        if self._membership is not None:
+            self._membership.observe(consumer)
+
+    def send(self, producer: TransactionalProducer, consumer: Consumer, offsets: list[TopicPartition]) -> None:
+        producer.send_offsets(offsets, consumer)
+
+    def committed(
+        self, consumer: Consumer, partitions: list[TopicPartition], stop: threading.Event
+    ) -> list[TopicPartition] | None:
+        return committed_offsets(consumer, partitions, stop)
+
+
 class ConsumerDriver:
     """Subclasses give `handle` (a polled batch, possibly empty: commit it, or rewind, before
     returning) and may give the other hooks below; they reach the producer, the consumer and
@@ -86,6 +146,7 @@ class ConsumerDriver:
         group_id: str,
         transactional_id: str,
         stats: LoopStats | None = None,
+        intake: Intake | None = None,
     ) -> None:
         self.name = name
         self._common = common
@@ -94,6 +155,7 @@ class ConsumerDriver:
         self.group_id = group_id
         self.transactional_id = transactional_id
         self.stats = stats if stats is not None else LoopStats()
+        self.intake: Intake = intake or GroupIntake(common, group_id, input_topic, settings.session_timeout_ms)
         self.state = LoopState.STARTING
         self.stopping = threading.Event()
         self._pause_requested = False
@@ -192,19 +254,15 @@ class ConsumerDriver:
         self.ack_partitions = wait_partition_count(self._common, self.acks_topic, self.stopping)
         if self.ack_partitions == 0:
             return EXIT_OK  # stopped while waiting for the broker
-        self._consumer = clients.consumer(
-            self._common,
-            self.group_id,
-            **{"session.timeout.ms": self.settings.session_timeout_ms},
-            # End-of-partition events move the position past a final transaction marker, so
-            # "position == high watermark" means read to the end (lag, sweeps).
-            **{"enable.partition.eof": True},
-            **self.consumer_overrides(),
-        )
-        self._consumer.subscribe(
-            [self.input_topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
-        )
-        membership = watch_membership(self._common, self.group_id)
+        # End-of-partition events move the position past a final transaction marker, so
+        # "position == high watermark" means read to the end (lag, sweeps).
+        overrides = {"enable.partition.eof": True, **self.consumer_overrides()}
+        try:
+            self._consumer = self.intake.open(overrides, self._on_assign, self._on_revoke)
+        except ConsumerStuck as exc:  # e.g. positions not readable (transactions open too long): retry anew
+            self.stats.last_error = str(exc)
+            log.error("%s: cannot start consuming: %s; exiting for a restart", self.name, exc)
+            return EXIT_RESTART
         self.state = LoopState.RUNNING
         log.info("%s: consuming %s as %s", self.name, self.input_topic, self.transactional_id)
         try:
@@ -213,7 +271,7 @@ class ConsumerDriver:
                 if not self._paused_now:
                     self.housekeeping()
                 records = self._poll()
-                membership.observe(self._consumer)
+                self.intake.observe(self._consumer)
                 self.handle(records)
                 if not records and self._drain_requested:
                     self._drained.set()

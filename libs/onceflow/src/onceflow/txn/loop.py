@@ -2,8 +2,9 @@
 transactional hop"), on the shared consumer driver (``driver.py``):
 
 poll a read_committed batch -> let the stage process it (pure: outputs and state overlay are
-buffered) -> begin -> produce outputs and changelog -> send_offsets_to_transaction with the
-group metadata (KIP-447 fencing) -> commit -> apply the overlay to the stores.
+buffered) -> begin -> produce outputs and changelog -> the intake's positions (by default
+send_offsets_to_transaction with the group metadata, KIP-447 fencing; for a source on another
+cluster, records of a positions topic) -> commit -> apply the overlay to the stores.
 
 No transaction is ever open while the consumer polls, and rebalance callbacks only run inside
 poll. So when partitions are revoked there is never an open transaction to finish: the last
@@ -26,8 +27,7 @@ from onceflow.kafka.records import offset_of, partition_of
 from onceflow.state.store import StoreDiverged, StoreT, StoreUnavailable
 from onceflow.state.stores import Changelog, PartitionStores
 from onceflow.txn.batch import Batch, Stage
-from onceflow.txn.driver import ConsumerDriver
-from onceflow.txn.offsets import committed_offsets
+from onceflow.txn.driver import ConsumerDriver, Intake
 from onceflow.txn.producer import TxnOutcome
 
 log = logging.getLogger(__name__)
@@ -49,10 +49,11 @@ class TransactionalLoop(ConsumerDriver, Generic[StoreT]):
         transactional_id: str,
         dlq_topic: str,
         changelog: Changelog[StoreT] | None = None,
+        intake: Intake | None = None,
     ) -> None:
         super().__init__(
             name=stage.name, common=common, settings=settings, input_topic=input_topic, group_id=group_id,
-            transactional_id=transactional_id,
+            transactional_id=transactional_id, intake=intake,
         )
         self.stage = stage
         self._dlq_topic = dlq_topic
@@ -235,7 +236,7 @@ class TransactionalLoop(ConsumerDriver, Generic[StoreT]):
                     producer.produce(self.stores.changelog_topic, value, key, partition, on_delivery=track_changelog)
         faults.point("after_produce", before_crash=producer.flush)
         if records and not sabotaged:
-            producer.send_offsets(self._next_offsets(records), consumer)
+            self.intake.send(producer, consumer, self._next_offsets(records))
 
     def _write_new_roots(self, batch: Batch[StoreT]) -> None:
         """A spout stage's records, each run of one topic and timeout as ingest writes them."""
@@ -279,7 +280,7 @@ class TransactionalLoop(ConsumerDriver, Generic[StoreT]):
         consumer = self.consumer
         assignment = consumer.assignment()
         if assignment:
-            committed = committed_offsets(consumer, assignment, self.stopping)
+            committed = self.intake.committed(consumer, assignment, self.stopping)
             if committed is None:
                 return  # stopping
             for tp in committed:
