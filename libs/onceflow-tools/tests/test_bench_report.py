@@ -36,6 +36,13 @@ def test_ratios_and_verdicts_follow_the_numbers() -> None:
     }
 
 
+def test_the_pipeline_is_set_against_the_copier_chain_when_both_ran() -> None:
+    report = _report(eos=900, alos=1000, p99_at_half=1500)
+    assert "exactly_once_vs_copier_chain" not in report.ratios()
+    report.hops["copier-chain"] = BacklogRun(3000, 1.0)
+    assert report.ratios()["exactly_once_vs_copier_chain"] == pytest.approx(0.3)
+
+
 def test_a_slow_exactly_once_pipeline_misses_its_targets() -> None:
     verdicts = _report(eos=700, alos=1000, p99_at_half=2500).verdicts()
     assert not verdicts["exactly_once_vs_at_least_once"]

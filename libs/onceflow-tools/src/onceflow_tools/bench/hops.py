@@ -37,8 +37,10 @@ QUIX_DIR = Path("bench") / "peers" / "quix"
 KSTREAMS_DIR = Path("bench") / "peers" / "kstreams"
 KSTREAMS_JAR = Path("target") / "onceflow-kstreams-peer.jar"
 PEER_INPUT, PEER_OUTPUT = "peer.input", "peer.output"
+# The pipeline's exactly-once hops: ingest's group commit, the gate, compute's map and merge, the sink.
+CHAIN_LENGTH = 5
 # The contenders of the hop table, by the job they do.
-HOPS = ("copier", "dedup", "quix-dedup", "kstreams-dedup", "compute", "quix-keyed-count", "kstreams-keyed-count")
+HOPS = ("copier", "copier-chain", "dedup", "quix-dedup", "kstreams-dedup", "compute", "quix-keyed-count", "kstreams-keyed-count")
 # Kafka Streams' own default commit.interval.ms under exactly_once_v2 (30 s under at_least_once).
 KSTREAMS_DEFAULT_COMMIT_INTERVAL_S = 0.1
 _TOKEN = "bench"
@@ -64,6 +66,7 @@ def transaction_sizes(options: HopOptions) -> dict[str, str]:
     kstreams = f"a commit every {options.kstreams_commit_interval_s:g} s (commit.interval.ms)"
     return {
         "copier": per_batch,
+        "copier-chain": f"{per_batch}, per copier",
         "dedup": per_batch,
         "compute": f"{compute.min_batch_records:,}–{compute.max_batch_records:,} records (adaptive) or {compute.max_batch_ms} ms, per hop",
         "quix-dedup": quix,
@@ -153,6 +156,45 @@ def copier(options: HopOptions) -> BacklogRun:
             args=[common.topic(PEER_INPUT), common.topic(PEER_OUTPUT), group, group],
         )
         return _run_peer(process, GroupWatch(common, group, common.topic(PEER_INPUT)), options.records)
+
+
+def copier_chain(options: HopOptions) -> BacklogRun:
+    """Five copiers in a row, each reading what the one before committed (read_committed): the
+    most five exactly-once Python hops can move on this machine, whatever they compute. Timed
+    from the first copier's first commit until the last has read everything; the record's key
+    (its user) partitions every link, as the pipeline's shuffle by key does."""
+    with _namespace("chain") as common:
+        links = [PEER_INPUT, *(f"chain.{n}" for n in range(1, CHAIN_LENGTH)), PEER_OUTPUT]
+        ensure_topics(common.kafka_bootstrap, prefix=common.topic_prefix, specs=[TopicSpec(t, 4) for t in links[1:-1]])
+        workload.write_backlog(common, common.topic(links[0]), _peer_records(options, keyed_by_record_id=False))
+        processes, watches = [], []
+        for n, (source, target) in enumerate(zip(links, links[1:], strict=False), start=1):
+            group = common.topic(f"copier-{n}")
+            processes.append(ServiceProcess(
+                f"copier-{n}", "onceflow_tools.bench.copier", {}, options.log_dir, cwd=repo_root(),
+                args=[common.topic(source), common.topic(target), group, group],
+            ))
+            watches.append(GroupWatch(common, group, common.topic(source)))
+
+        def delivered() -> bool:
+            # Upstream first: once a copier has read its input to the end, and that input is
+            # final (the one before it was done), its own output is final too.
+            return all(_all_read(common, watch, source)() for watch, source in zip(watches[1:], links[1:-1], strict=True))
+
+        started = time.monotonic()
+        for process in processes:
+            process.start()
+        try:
+            # The backlog has no transaction markers, so the first copier's offsets count records.
+            return time_backlog(
+                watches[0], options.records, lambda: all(p.alive() for p in processes), delivered, started=started,
+            )
+        finally:
+            for watch in watches:
+                watch.close()
+            for process in processes:
+                if process.alive():
+                    process.terminate(60)
 
 
 def dedup(options: HopOptions) -> BacklogRun:
@@ -262,7 +304,7 @@ def kstreams(options: HopOptions, app: str) -> BacklogRun:
 
 # How each contender of HOPS is run.
 RUNNERS: dict[str, Callable[[HopOptions], BacklogRun]] = {
-    "copier": copier, "dedup": dedup, "compute": compute,
+    "copier": copier, "copier-chain": copier_chain, "dedup": dedup, "compute": compute,
     "quix-dedup": lambda o: quix(o, "dedup"), "quix-keyed-count": lambda o: quix(o, "keyed_count"),
     "kstreams-dedup": lambda o: kstreams(o, "dedup"), "kstreams-keyed-count": lambda o: kstreams(o, "keyed_count"),
 }

@@ -37,6 +37,9 @@ class Report:
         if eos and alos:
             ratios["exactly_once_vs_at_least_once"] = eos.sustainable / alos.sustainable
         rate = {name: run.records_per_s for name, run in self.hops.items()}
+        if eos and "copier-chain" in rate:
+            # The pipeline against five bare exactly-once hops in a row: what its work costs.
+            ratios["exactly_once_vs_copier_chain"] = eos.sustainable / rate["copier-chain"]
         for ours, peer, name in (
             ("dedup", "quix-dedup", "dedup_vs_quix"), ("compute", "quix-keyed-count", "compute_vs_quix"),
             ("dedup", "kstreams-dedup", "dedup_vs_kstreams"), ("compute", "kstreams-keyed-count", "compute_vs_kstreams"),
