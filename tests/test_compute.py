@@ -24,7 +24,7 @@ from confluent_kafka import Producer
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from onceflow.codec import encode_envelope, new_id, now_ms
-from onceflow.topology import Topic
+from onceflow.topology import Topic, job_topic
 from onceflow.txn.errors import EXIT_FENCED
 from onceflow.v1 import compute_pb2, compute_pb2_grpc
 from onceflow.v1.envelope_pb2 import DeadLetter, Envelope
@@ -119,7 +119,7 @@ def wait_consumed(pipe: Pipeline, job: str, timeout_s: float = 240, merge: bool 
     """Until both hops' groups (a transform: its map hop's) committed past every record of their input."""
     groups = [(f"{pipe.common.topic_prefix}onceflow-compute-{job}-map", pipe.topic(Topic.DEDUP_RECORDS))]
     if merge:
-        groups.append((f"{pipe.common.topic_prefix}onceflow-compute-{job}-merge", pipe.topic(Topic.COMPUTE_PARTIALS)))
+        groups.append((f"{pipe.common.topic_prefix}onceflow-compute-{job}-merge", pipe.topic(job_topic(Topic.COMPUTE_PARTIALS, job))))
 
     def done() -> bool:
         # The merge hop's input only stops growing once the map hop is done: check in order.
@@ -139,7 +139,7 @@ def check_exact(pipe: Pipeline, job: str, inputs: list[Input], expected: dict[st
     assert dead == sorted(i.record_id for i in inputs if not i.valid)
     assert all(letter.message for letter in letters)
     hanging = checker.hanging_transactions(
-        pipe.common, [pipe.topic(t) for t in (Topic.COMPUTE_PARTIALS, Topic.COMPUTE_RESULTS, Topic.COMPUTE_CHANGELOG)], wait_s=30
+        pipe.common, [pipe.topic(job_topic(t, job)) for t in (Topic.COMPUTE_PARTIALS, Topic.COMPUTE_RESULTS, Topic.COMPUTE_CHANGELOG)], wait_s=30
     )
     assert not hanging, hanging
 
@@ -306,5 +306,5 @@ def test_a_job_failing_on_whole_batches_backs_off_unhealthy_and_commits_nothing(
     proc.wait_log("in a row); retrying from committed offsets in 2.0s", 60)  # the backoff doubles
     assert stats.records_in == 0
     assert not checker.read_committed(pipeline.common, pipeline.topic(Topic.COMPUTE_DLQ), timeout_s=5)
-    assert not checker.read_committed(pipeline.common, pipeline.topic(Topic.COMPUTE_PARTIALS), timeout_s=5)
+    assert not checker.read_committed(pipeline.common, pipeline.topic(job_topic(Topic.COMPUTE_PARTIALS, "picky")), timeout_s=5)
     assert proc.terminate() == 0, proc.log_tail()
