@@ -13,7 +13,7 @@ Per query, on a fresh topic prefix (so no query reads another's partials):
    ``--latency-s`` seconds, with event and ingest time = the send time. Latency per event =
    the commit of the map transaction that consumed it − its ingest time: from then on its effect
    is durable in Kafka (a transform's result is readable; an aggregation's partial is in
-   ``compute.partials``). The merge hop's own transaction time (poll → commit, p99) is reported
+   ``compute.partials.<job>``). The merge hop's own transaction time (poll → commit, p99) is reported
    next to it. A windowed query's rows fire when the watermark passes the window's end, so its
    result latency is that plus the window: not what is measured here.
 

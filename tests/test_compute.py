@@ -24,7 +24,8 @@ from confluent_kafka import Producer
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from onceflow.codec import encode_envelope, new_id, now_ms
-from onceflow.topology import Topic
+from onceflow.kafka import clients
+from onceflow.topology import Topic, job_topic
 from onceflow.txn.errors import EXIT_FENCED
 from onceflow.v1 import compute_pb2, compute_pb2_grpc
 from onceflow.v1.envelope_pb2 import DeadLetter, Envelope
@@ -119,7 +120,7 @@ def wait_consumed(pipe: Pipeline, job: str, timeout_s: float = 240, merge: bool 
     """Until both hops' groups (a transform: its map hop's) committed past every record of their input."""
     groups = [(f"{pipe.common.topic_prefix}onceflow-compute-{job}-map", pipe.topic(Topic.DEDUP_RECORDS))]
     if merge:
-        groups.append((f"{pipe.common.topic_prefix}onceflow-compute-{job}-merge", pipe.topic(Topic.COMPUTE_PARTIALS)))
+        groups.append((f"{pipe.common.topic_prefix}onceflow-compute-{job}-merge", pipe.topic(job_topic(Topic.COMPUTE_PARTIALS, job))))
 
     def done() -> bool:
         # The merge hop's input only stops growing once the map hop is done: check in order.
@@ -139,7 +140,7 @@ def check_exact(pipe: Pipeline, job: str, inputs: list[Input], expected: dict[st
     assert dead == sorted(i.record_id for i in inputs if not i.valid)
     assert all(letter.message for letter in letters)
     hanging = checker.hanging_transactions(
-        pipe.common, [pipe.topic(t) for t in (Topic.COMPUTE_PARTIALS, Topic.COMPUTE_RESULTS, Topic.COMPUTE_CHANGELOG)], wait_s=30
+        pipe.common, [pipe.topic(job_topic(t, job)) for t in (Topic.COMPUTE_PARTIALS, Topic.COMPUTE_RESULTS, Topic.COMPUTE_CHANGELOG)], wait_s=30
     )
     assert not hanging, hanging
 
@@ -215,6 +216,45 @@ def test_two_workers_stay_exact_through_kill9s_a_zombie_and_a_rebalance(
     wait_consumed(pipeline, job)
     check_exact(pipeline, job, inputs, expected)
     assert workers["a"].terminate() == 0, workers["a"].log_tail()
+
+
+def test_two_jobs_side_by_side_each_restore_only_their_own_state(pipeline: Pipeline) -> None:
+    """Two aggregations over one dedup.records: each has its own partials and changelog topics,
+    so a restarted merge hop restores its own keys only, and both tables stay exact."""
+    inputs = usersum_inputs(4_000, seed=5)
+    jobs = {"usersum": "usersum", "usercount": "tests.harness.jobs.usercount"}
+    counts = {user: {"user": user, "payments": row["count"]} for user, row in pandas_table("usersum", inputs).items()}
+    expected = {"usersum": pandas_table("usersum", inputs), "usercount": counts}
+    pandas = {"ONCEFLOW_COMPUTE_ENGINE": "pandas"}  # the topics are under test, not Spark
+    workers = {job: worker(pipeline, module, "a", **pandas).start() for job, module in jobs.items()}
+    produce(pipeline, inputs[:3_000], chunks=3)
+    for job in jobs:
+        wait_consumed(pipeline, job)
+    # kill -9 usercount's worker: its successor restores the merge state from the changelog.
+    workers["usercount"].kill9()
+    port = free_port()
+    workers["usercount"] = worker(pipeline, jobs["usercount"], "a", ONCEFLOW_COMPUTE_PORT=str(port), **pandas).start()
+    changelog = pipeline.topic(job_topic(Topic.COMPUTE_CHANGELOG, "usercount"))
+    workers["usercount"].wait_log(f"changelog records of {changelog} partitions", 120)
+    for job in jobs:  # each changelog holds its own job's keys only
+        keys = {r.key for r in checker.read_committed(pipeline.common, pipeline.topic(job_topic(Topic.COMPUTE_CHANGELOG, job)))}
+        assert keys and all(key.startswith(f"{job}\x00".encode()) for key in keys), (job, sorted(keys)[:3])
+    # The restored store: exactly usercount's keys, one per user so far, none of usersum's.
+    seen = {json.loads(i.payload)["user"] for i in inputs[:3_000] if i.valid}
+    admin = compute_admin(f"127.0.0.1:{port}")
+    keys_in_state = lambda: admin.Stats(compute_pb2.ComputeStatsRequest(), timeout=10).keys_in_state  # noqa: E731
+    eventually(lambda: keys_in_state() == len(seen), 60, "the restarted merge hop to hold every user's key")
+    produce(pipeline, inputs[3_000:])
+    for job in jobs:
+        wait_consumed(pipeline, job)
+        fold = checker.fold_results(checker.read_committed(pipeline.common, pipeline.topic(Topic.COMPUTE_RESULTS)), job)
+        assert not fold.problems, fold.problems[:10]
+        assert {key: json.loads(row) for key, row in fold.table.items()} == expected[job]
+    names = set(clients.admin(pipeline.common).list_topics(timeout=10).topics)
+    assert not {pipeline.topic("compute.partials"), pipeline.topic("compute.changelog")} & names  # nothing shared
+    assert pipeline.topic(job_topic(Topic.COMPUTE_PARTIALS, "usercount")) in names
+    for proc in workers.values():
+        assert proc.terminate() == 0, proc.log_tail()
 
 
 def picky_inputs(count: int, unlucky: set[int], seed: int = 3) -> list[Input]:
@@ -306,5 +346,5 @@ def test_a_job_failing_on_whole_batches_backs_off_unhealthy_and_commits_nothing(
     proc.wait_log("in a row); retrying from committed offsets in 2.0s", 60)  # the backoff doubles
     assert stats.records_in == 0
     assert not checker.read_committed(pipeline.common, pipeline.topic(Topic.COMPUTE_DLQ), timeout_s=5)
-    assert not checker.read_committed(pipeline.common, pipeline.topic(Topic.COMPUTE_PARTIALS), timeout_s=5)
+    assert not checker.read_committed(pipeline.common, pipeline.topic(job_topic(Topic.COMPUTE_PARTIALS, "picky")), timeout_s=5)
     assert proc.terminate() == 0, proc.log_tail()

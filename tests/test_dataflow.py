@@ -27,7 +27,7 @@ import pytest
 from confluent_kafka import Producer
 
 from onceflow.codec import encode_envelope, new_id, now_ms
-from onceflow.topology import Topic
+from onceflow.topology import Topic, job_topic
 from onceflow.v1.envelope_pb2 import DeadLetter, Envelope
 from onceflow_tools.workloads import nexmark
 from tests.conftest import CAMPAIGNS, Pipeline
@@ -237,7 +237,9 @@ def test_nexmark_queries_stay_exact_through_kill9s_and_a_rebalance(pipeline: Pip
         assert table == expected, (q, len(missing), len(extra), len(wrong), sorted(wrong)[:3], sorted(missing)[:3])
         assert expected
     hanging = checker.hanging_transactions(
-        pipeline.common, [pipeline.topic(t) for t in (Topic.COMPUTE_PARTIALS, Topic.COMPUTE_RESULTS, Topic.COMPUTE_LATE)], wait_s=30
+        pipeline.common,
+        list({pipeline.topic(job_topic(t, q)) for q in queries for t in (Topic.COMPUTE_PARTIALS, Topic.COMPUTE_RESULTS, Topic.COMPUTE_LATE)}),
+        wait_s=30,
     )
     assert not hanging, hanging
     for q in queries:

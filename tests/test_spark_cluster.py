@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from onceflow.config import repo_root
-from onceflow.topology import Topic
+from onceflow.topology import Topic, job_topic
 from onceflow.v1 import compute_pb2
 from onceflow_tools.process import free_port
 from tests.conftest import Pipeline, eventually
@@ -372,7 +372,7 @@ def test_a_worker_whose_batches_no_executor_runs_turns_unhealthy_and_recovers_wh
         )
         assert "did not finish a micro-batch within 8 s" in stats.last_error, stats.last_error
         assert stats.records_in == 0 and stats.dead_letters == 0  # a stalled engine blames no record
-        assert not checker.read_committed(pipeline.common, pipeline.topic(Topic.COMPUTE_PARTIALS), timeout_s=5)
+        assert not checker.read_committed(pipeline.common, pipeline.topic(job_topic(Topic.COMPUTE_PARTIALS, "usersum")), timeout_s=5)
 
         spark.up(120, [master, lone_worker])
         wait_consumed(pipeline, "usersum")

@@ -10,9 +10,9 @@ from confluent_kafka import KafkaError, Message
 from onceflow.config import CommonSettings
 from onceflow.state import stores as stores_module
 from onceflow.state.store import MemoryStore
-from onceflow.topology import Topic
+from onceflow.topology import Topic, job_topic
 
-TOPIC = Topic.COMPUTE_CHANGELOG
+TOPIC = job_topic(Topic.COMPUTE_CHANGELOG, "nexmark_q7")
 KEY = b"nexmark_q7\x00all"
 
 
@@ -25,8 +25,8 @@ def _eof(offset: int) -> Message:
 
 
 class ScriptedReader:
-    """Changelog partition 1: offset 0, our key at v1 (committed); offset 1, another job's
-    record in a transaction still open (the stable end is 1); offset 2, our key at v2, committed
+    """Changelog partition 1: offset 0, our key at v1 (committed); offset 1, another
+    producer's record (a kill -9'd worker's) in a transaction still open (the stable end is 1); offset 2, our key at v2, committed
     by the previous owner with its input offsets; high watermark 3. The first fetch ends at the
     stable end (EOF at 1), as librdkafka's does; once the other transaction is aborted (its
     marker at 3), v2 and EOF at 4."""

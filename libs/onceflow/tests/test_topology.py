@@ -6,9 +6,11 @@ from __future__ import annotations
 import re
 import tomllib
 
+import pytest
+
 from onceflow import topology
 from onceflow.config import repo_root
-from onceflow.topology import HOPS, Topic
+from onceflow.topology import HOPS, Topic, job_topic
 
 ROOT = repo_root()
 
@@ -45,7 +47,7 @@ def test_every_input_is_written_by_an_earlier_hop() -> None:
 
 
 def test_docs_topics_table_lists_every_topic() -> None:
-    rows = re.findall(r"^\| `([\w.]+)` \|", (ROOT / "docs" / "topics.md").read_text(), re.MULTILINE)
+    rows = re.findall(r"^\| `([\w.{}]+)` \|", (ROOT / "docs" / "topics.md").read_text(), re.MULTILINE)
     assert sorted(rows) == sorted(str(t) for t in Topic)
 
 
@@ -56,6 +58,17 @@ def test_group_and_transactional_ids() -> None:
     assert topology.INGEST_REPLAYER.transactional_id("", "0") == "onceflow-ingest-replayer-0"
     # The Kafka source's slot is the user's topic: one group per topic copied.
     assert topology.SOURCE.transactional_id("p.", "s0", job="orders") == "p.onceflow-source-orders-s0"
+
+
+def test_a_jobs_shuffle_and_state_are_its_own_topics() -> None:
+    assert job_topic(Topic.COMPUTE_PARTIALS, "nexmark_q7") == "compute.partials.nexmark_q7"
+    assert job_topic(Topic.COMPUTE_CHANGELOG, "word-count") == "compute.changelog.word-count"
+    assert job_topic(Topic.COMPUTE_RESULTS, "wordcount") == "compute.results"  # shared by every job
+    assert {t for t in Topic if t.per_job} == {Topic.COMPUTE_PARTIALS, Topic.COMPUTE_CHANGELOG}
+    # A name that would make an invalid (or colliding: '.' is '_' in Kafka's metrics) topic name.
+    for bad in ("", "a.b", "a b", "wörter", "x" * 101, "{job}"):
+        with pytest.raises(ValueError, match="names the job's topics"):
+            job_topic(Topic.COMPUTE_PARTIALS, bad)
 
 
 def test_describe_names_every_hop() -> None:

@@ -11,7 +11,7 @@ from confluent_kafka import Message
 
 from onceflow.codec import encode_envelope
 from onceflow.state import MemoryStore
-from onceflow.topology import Topic
+from onceflow.topology import Topic, job_topic
 from onceflow.txn.batch import Batch
 from onceflow.v1.compute_pb2 import PartialAggregate
 from onceflow.v1.envelope_pb2 import DeadLetter, Envelope
@@ -23,6 +23,8 @@ from onceflow_compute.map.eventtime import EventTimeGate
 pytestmark = pytest.mark.dataflow
 
 SCHEMA = pa.schema([pa.field("user", pa.string(), nullable=False), pa.field("t", pa.int64(), nullable=False)])
+
+PARTIALS = job_topic(Topic.COMPUTE_PARTIALS, "j")
 
 
 def job(window) -> Aggregation:  # type: ignore[no-untyped-def]
@@ -52,7 +54,7 @@ def late_ids(batch: Batch) -> list[str]:
 
 
 def test_the_watermark_carries_over_committed_batches() -> None:
-    gate = EventTimeGate(job(Tumbling(1_000)), 100, Topic.COMPUTE_LATE, Topic.COMPUTE_PARTIALS, 2, 1)
+    gate = EventTimeGate(job(Tumbling(1_000)), 100, Topic.COMPUTE_LATE, PARTIALS, 2, 1)
     stores = {0: MemoryStore()}
     kept, _ = run(gate, stores, [record(0, 5_000)])
     assert kept == ["r0"]
@@ -63,8 +65,8 @@ def test_the_watermark_carries_over_committed_batches() -> None:
     letter = DeadLetter.FromString(next(o.value for o in batch.outputs if o.topic == Topic.COMPUTE_LATE))
     assert "watermark of partition 0 was 4900" in letter.message
     # Each partials partition hears partition 0's watermark.
-    marks = [PartialAggregate.FromString(o.value) for o in batch.outputs if o.topic == Topic.COMPUTE_PARTIALS]
-    assert sorted(o.partition for o in batch.outputs if o.topic == Topic.COMPUTE_PARTIALS) == [0, 1]
+    marks = [PartialAggregate.FromString(o.value) for o in batch.outputs if o.topic == PARTIALS]
+    assert sorted(o.partition for o in batch.outputs if o.topic == PARTIALS) == [0, 1]
     assert {(m.watermark.partition, m.watermark.watermark_ms, m.watermark.partitions) for m in marks} == {(0, 4_900, 1)}
 
 

@@ -11,7 +11,7 @@ import pytest
 from confluent_kafka import Message
 
 from onceflow.codec import encode_envelope
-from onceflow.topology import Topic
+from onceflow.topology import Topic, job_topic
 from onceflow.txn.batch import Batch
 from onceflow.v1.compute_pb2 import PartialAggregate
 from onceflow.v1.envelope_pb2 import DeadLetter, Envelope
@@ -27,6 +27,7 @@ pytestmark = pytest.mark.compute
 
 SCHEMA = pa.schema([pa.field("user", pa.string(), nullable=False), pa.field("amount", pa.int64(), nullable=False)])
 JOB = Aggregation(name="sum", schema=SCHEMA, key="user", aggregates=(Sum("amount", name="total"), Count("count")))
+PARTIALS = job_topic(Topic.COMPUTE_PARTIALS, JOB.name)
 
 
 def record(offset: int, payload: bytes) -> Message:
@@ -96,7 +97,7 @@ class RaisesOn:
 
 def run_stage(records: list[Message], engine: object, budget: int = 64) -> Batch:
     batch = Batch(records, None, Topic.COMPUTE_DLQ, "compute", Topic.ACKER_ACKS, 1)
-    MapStage(JOB, engine, Topic.COMPUTE_PARTIALS, Topic.COMPUTE_RESULTS, stats.JobCounts(), budget).process(batch)  # type: ignore[arg-type]
+    MapStage(JOB, engine, PARTIALS, Topic.COMPUTE_RESULTS, stats.JobCounts(), budget).process(batch)  # type: ignore[arg-type]
     return batch
 
 
@@ -108,7 +109,7 @@ def test_records_the_job_raises_on_are_found_by_bisection_and_the_rest_is_aggreg
     assert sorted(letter.source_offset for letter in letters) == [57, 140]
     assert all("amount is poison" in letter.message for letter in letters)
     partials = {p.key: json.loads(p.partials) for p in
-                (PartialAggregate.FromString(o.value) for o in batch.outputs if o.topic == Topic.COMPUTE_PARTIALS)}
+                (PartialAggregate.FromString(o.value) for o in batch.outputs if o.topic == PARTIALS)}
     expected = {f"u{k}": [sum(i for i in range(1, 200) if i % 3 == k and i not in (57, 140)),
                           sum(1 for i in range(1, 200) if i % 3 == k and i not in (57, 140))] for k in range(3)}
     assert partials == expected
@@ -138,7 +139,7 @@ def test_the_bisection_budget_bounds_the_engine_runs() -> None:
 
 def test_a_lone_failing_record_is_poison_only_once_the_job_has_worked() -> None:
     engine = RaisesOn({7})
-    stage = MapStage(JOB, engine, Topic.COMPUTE_PARTIALS, Topic.COMPUTE_RESULTS, stats.JobCounts())  # type: ignore[arg-type]
+    stage = MapStage(JOB, engine, PARTIALS, Topic.COMPUTE_RESULTS, stats.JobCounts())  # type: ignore[arg-type]
     with pytest.raises(JobFailed):  # a broken job would otherwise drain a quiet stream into the DLQ
         stage.process(Batch([good(0, amount=7)], None, Topic.COMPUTE_DLQ, "compute", Topic.ACKER_ACKS, 1))
     stage.process(Batch([good(1, amount=1)], None, Topic.COMPUTE_DLQ, "compute", Topic.ACKER_ACKS, 1))

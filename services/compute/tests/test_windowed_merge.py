@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka import Message
 
 from onceflow.state.store import MemoryStore
-from onceflow.topology import Topic
+from onceflow.topology import Topic, job_topic
 from onceflow.txn.batch import Batch
 from onceflow.v1.compute_pb2 import PartialAggregate, SourceWatermark
 from onceflow.v1.results_pb2 import ResultChange
@@ -30,6 +30,7 @@ JOB = Aggregation(
     trigger=Trigger(early_every_ms=1_000),
     time_column="t",
 )
+PARTIALS = job_topic(Topic.COMPUTE_PARTIALS, JOB.name)
 
 
 class Stores(dict):
@@ -45,12 +46,12 @@ def stage_with_one_partition() -> tuple[WindowedMergeStage, Stores]:
 
 def partial(offset: int, user: str, amount: int, bucket_ms: int) -> Message:
     value = PartialAggregate(job=JOB.name, key=user, partials=json.dumps([amount]).encode(), bucket_ms=bucket_ms)
-    return Message(topic=Topic.COMPUTE_PARTIALS, partition=0, offset=offset, value=value.SerializeToString())
+    return Message(topic=PARTIALS, partition=0, offset=offset, value=value.SerializeToString())
 
 
 def watermark(offset: int, mark: int) -> Message:
     value = PartialAggregate(job=JOB.name, watermark=SourceWatermark(partition=0, watermark_ms=mark, partitions=1))
-    return Message(topic=Topic.COMPUTE_PARTIALS, partition=0, offset=offset, value=value.SerializeToString())
+    return Message(topic=PARTIALS, partition=0, offset=offset, value=value.SerializeToString())
 
 
 def upserts(batch: Batch) -> list[dict]:

@@ -13,12 +13,14 @@ checks infra/services.toml, the Tiltfile, docker-compose.yml and the Dockerfile 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 
 
 class Topic(StrEnum):
-    """Every topic's name, before ONCEFLOW_TOPIC_PREFIX (`CommonSettings.topic` adds it)."""
+    """Every topic's name, before ONCEFLOW_TOPIC_PREFIX (`CommonSettings.topic` adds it). A name
+    with a `{job}` slot is a template: one topic per compute job (`job_topic`)."""
 
     INGEST_RECORDS = "ingest.records"
     INGEST_DLQ = "ingest.dlq"
@@ -29,15 +31,38 @@ class Topic(StrEnum):
     DEDUP_RECORDS = "dedup.records"
     DEDUP_CHANGELOG = "dedup.changelog"
     DEDUP_DLQ = "dedup.dlq"
-    COMPUTE_PARTIALS = "compute.partials"
+    COMPUTE_PARTIALS = "compute.partials.{job}"
     COMPUTE_RESULTS = "compute.results"
-    COMPUTE_CHANGELOG = "compute.changelog"
+    COMPUTE_CHANGELOG = "compute.changelog.{job}"
     COMPUTE_EVENTTIME = "compute.eventtime"
     COMPUTE_LATE = "compute.late"
     COMPUTE_DLQ = "compute.dlq"
     SINK_DLQ = "sink.dlq"
     SOURCE_DLQ = "source.dlq"
     SOURCE_OFFSETS = "source.offsets"
+
+    @property
+    def per_job(self) -> bool:
+        return "{job}" in self.value
+
+
+# A job's name goes into its topics' names: Kafka allows [A-Za-z0-9._-], up to 249 characters
+# with the prefix. No dot, so that no two jobs' topics collide in Kafka's metric names ('.' and
+# '_' are one there, and the broker refuses a topic that collides).
+JOB_NAME = re.compile(r"[A-Za-z0-9_-]{1,100}")
+
+
+def check_job_name(job: str) -> str:
+    if not JOB_NAME.fullmatch(job):
+        raise ValueError(f"job name {job!r}: 1 to 100 of A-Z, a-z, 0-9, '_' and '-' (it names the job's topics)")
+    return job
+
+
+def job_topic(topic: Topic, job: str) -> str:
+    """The name of the topic ``job`` uses (before the prefix): a per-job one's for the job
+    (`compute.partials.wordcount`: each job has its own shuffle and state, as a Kafka Streams
+    application has its internal topics), a shared one's as it is."""
+    return topic.value.format(job=check_job_name(job)) if topic.per_job else topic.value
 
 
 @dataclass(frozen=True)

@@ -6,15 +6,20 @@ from __future__ import annotations
 
 import logging
 import math
+import time
+
+from confluent_kafka import KafkaException
 
 from onceflow.admin import ServiceServer
 from onceflow.admin.loop_controls import LoopControls
 from onceflow.codec import now_ms
+from onceflow.config import CommonSettings
 from onceflow.kafka import inspect
+from onceflow.kafka.topics import ensure_topics, job_specs
 from onceflow.runner import run_loop_service
 from onceflow.state.store import MemoryStore
 from onceflow.state.stores import Changelog
-from onceflow.topology import Topic
+from onceflow.topology import Topic, job_topic
 from onceflow.txn import TransactionalLoop
 from onceflow.v1 import compute_pb2, compute_pb2_grpc
 
@@ -57,9 +62,28 @@ def merge_stage_for(job: Aggregation | Join, results_topic: str, counts: stats.J
     return MergeStage(job, results_topic, counts)
 
 
+def ensure_job_topics(common: CommonSettings, job: str) -> None:
+    """The job's own shuffle and state topics (docs/decisions/0018), as topics.toml declares
+    them, so a new job needs no manual step. Retried while the broker is still starting, as the
+    loops' clients would be."""
+    while True:
+        try:
+            created = ensure_topics(common.kafka_bootstrap, common.topic_prefix, job_specs(job))
+        except (KafkaException, TimeoutError) as exc:
+            log.warning("creating the topics of job %s: %s; retrying", job, exc)
+            time.sleep(1.0)
+            continue
+        if created:
+            log.info("created %s", ", ".join(created))
+        return
+
+
 def build(settings: ComputeSettings) -> tuple[list[TransactionalLoop[MemoryStore]], ServiceServer, Engine]:
     common = settings.common
     job = jobs.load_job(settings.job)  # a bad job name fails here, before Spark starts
+    partials_topic = common.topic(job_topic(Topic.COMPUTE_PARTIALS, job.name))
+    if not isinstance(job, Transform):
+        ensure_job_topics(common, job.name)
     engine = make_engine(settings, job)
     counts = stats.JobCounts()
     windowed = isinstance(job, (Aggregation, Join)) and job.windowed
@@ -70,14 +94,14 @@ def build(settings: ComputeSettings) -> tuple[list[TransactionalLoop[MemoryStore
             job,
             settings.watermark_bound_ms,
             common.topic(Topic.COMPUTE_LATE),
-            common.topic(Topic.COMPUTE_PARTIALS),
-            len(inspect.partitions_of(common, common.topic(Topic.COMPUTE_PARTIALS))),
+            partials_topic,
+            len(inspect.partitions_of(common, partials_topic)),
             len(inspect.partitions_of(common, common.topic(Topic.DEDUP_RECORDS))),
         )
     map_stage = MapStage(
         job,
         engine,
-        common.topic(Topic.COMPUTE_PARTIALS),
+        partials_topic,
         common.topic(Topic.COMPUTE_RESULTS),
         counts,
         settings.bisect_budget,
@@ -103,11 +127,11 @@ def build(settings: ComputeSettings) -> tuple[list[TransactionalLoop[MemoryStore
             stage=merge_stage,
             common=common,
             settings=settings.loop,
-            input_topic=common.topic(Topic.COMPUTE_PARTIALS),
+            input_topic=partials_topic,
             group_id=settings.group_id(job.name, "merge"),
             transactional_id=settings.transactional_id(job.name, "merge"),
             dlq_topic=common.topic(Topic.COMPUTE_DLQ),
-            changelog=Changelog.in_memory(common.topic(Topic.COMPUTE_CHANGELOG)),
+            changelog=Changelog.in_memory(common.topic(job_topic(Topic.COMPUTE_CHANGELOG, job.name))),
         )
         loops.append(merge_loop)
         stores = merge_loop.stores

@@ -25,12 +25,12 @@ from onceflow.config import CommonSettings, LoopSettings, repo_root
 from onceflow.kafka import clients
 from onceflow.kafka.inspect import end_offsets
 from onceflow.redis_client import connect, delete_prefix
-from onceflow.topology import Topic
+from onceflow.topology import Topic, job_topic
 from onceflow.v1 import admin_pb2, admin_pb2_grpc
 from onceflow_tools.bench import workload
 from onceflow_tools.bench.watch import BacklogRun, GroupWatch, time_backlog
 from onceflow_tools.infra.kafka import java_executable
-from onceflow_tools.infra.topics import TopicSpec, delete_topics, ensure_topics
+from onceflow_tools.infra.topics import TopicSpec, delete_topics, ensure_topics, job_specs
 from onceflow_tools.process import ServiceProcess, free_port, pipeline_service
 
 QUIX_DIR = Path("bench") / "peers" / "quix"
@@ -224,12 +224,15 @@ def compute(options: HopOptions) -> BacklogRun:
 
     with _namespace("compute") as common:
         settings = ComputeSettings(common=common)
+        # The job's partials topic is compute's to create; the watch needs it before compute starts.
+        ensure_topics(common.kafka_bootstrap, prefix=common.topic_prefix, specs=job_specs(workload.JOB))
+        partials = job_topic(Topic.COMPUTE_PARTIALS, workload.JOB)
         watch = GroupWatch(common, settings.group_id(workload.JOB, "map"), common.topic(Topic.DEDUP_RECORDS))
-        merge = GroupWatch(common, settings.group_id(workload.JOB, "merge"), common.topic(Topic.COMPUTE_PARTIALS))
+        merge = GroupWatch(common, settings.group_id(workload.JOB, "merge"), common.topic(partials))
         try:
             return _run_service(
                 "compute", common, options, watch, Topic.DEDUP_RECORDS, key=lambda r: r.user,
-                finished=_all_read(common, merge, Topic.COMPUTE_PARTIALS), JOB=workload.JOB,
+                finished=_all_read(common, merge, partials), JOB=workload.JOB,
             )
         finally:
             merge.close()

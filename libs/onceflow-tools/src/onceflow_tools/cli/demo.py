@@ -32,7 +32,7 @@ from onceflow.codec import decode_envelope
 from onceflow.config import CommonSettings
 from onceflow.kafka import inspect
 from onceflow.redis_client import connect, delete_prefix
-from onceflow.topology import Topic
+from onceflow.topology import Topic, job_topic
 from onceflow_tools.cli.pipeline_view import PipelineView
 from onceflow_tools.infra import stack
 from onceflow_tools.console.server import BackgroundConsole
@@ -213,9 +213,8 @@ def _report(
     with console.status("reading ingest.records and dedup.records back (read_committed) ..."):
         ingested = [decode_envelope(r.value) for r in inspect.read_committed(common, common.topic(Topic.INGEST_RECORDS))]
         passed = Counter(decode_envelope(r.value).record_id for r in inspect.read_committed(common, common.topic(Topic.DEDUP_RECORDS)))
-        hanging = inspect.hanging_transactions(
-            common, [common.topic(t) for t in (Topic.INGEST_RECORDS, Topic.DEDUP_RECORDS, Topic.COMPUTE_PARTIALS, Topic.COMPUTE_RESULTS)]
-        )
+        watched = (Topic.INGEST_RECORDS, Topic.DEDUP_RECORDS, Topic.COMPUTE_PARTIALS, Topic.COMPUTE_RESULTS)
+        hanging = inspect.hanging_transactions(common, [common.topic(job_topic(t, JOB)) for t in watched])
     # Attempt 1 is what clients sent; later attempts are ingest's replays of timed-out trees.
     client_copies = Counter(e.record_id for e in ingested if e.attempt == 1)
     unexplained = {rid for rid, n in client_copies.items() if n > 1} - sent_again

@@ -21,7 +21,7 @@ from onceflow_tools.infra.plumbing import InfraError, tail
 from onceflow_tools.infra.redis import SENTINEL_MASTER, RedisServer
 from onceflow_tools.infra.redis import topology as redis_topology
 from onceflow_tools.infra.settings import InfraSettings
-from onceflow_tools.infra.topics import TopicReplicationError, count_brokers, ensure_topics, load_specs
+from onceflow_tools.infra.topics import TopicReplicationError, count_brokers, ensure_topics, load_specs, shared_specs
 
 app = typer.Typer(no_args_is_help=True, help="Local Kafka (KRaft), Redis and, if asked, a Spark cluster on 127.0.0.1.")
 out = Console()
@@ -196,7 +196,8 @@ def topics(
         str | None, typer.Option(help="Any cluster's bootstrap list, host:port[,host:port]. Default: ONCEFLOW_KAFKA_BOOTSTRAP.")
     ] = None,
 ) -> None:
-    """Create the topics declared in infra/topics.toml that do not exist yet, on any cluster."""
+    """Create the topics declared in infra/topics.toml that do not exist yet, on any cluster.
+    The per-job ones (compute.partials.<job>, ...) are created by each compute job at start."""
     common = CommonSettings()
     prefix = common.topic_prefix if prefix is None else prefix
     bootstrap = bootstrap or common.kafka_bootstrap
@@ -208,7 +209,8 @@ def topics(
             soft_wrap=True,
         )
         raise typer.Exit(1)
-    specs = load_specs()
+    declared = load_specs()
+    specs = shared_specs(declared)
     try:
         created = set(_run("creating topics", lambda: ensure_topics(bootstrap, prefix, specs)))
     except TopicReplicationError as exc:
@@ -231,3 +233,5 @@ def topics(
             "[green]created[/]" if name in created else "exists",
         )
     out.print(table)
+    per_job = ", ".join(prefix + s.name for s in declared if s.per_job)
+    out.print(f"per job, made by each compute worker for its job at start: {per_job}", highlight=False, soft_wrap=True)

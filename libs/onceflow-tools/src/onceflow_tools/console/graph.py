@@ -32,7 +32,7 @@ class Edge:
 def edges() -> list[tuple[str, str, tuple[str, ...]]]:
     """(writer, reader, topics) between different services, from the hops' inputs and outputs;
     dead letters are left out (they end nowhere), and a service's edge to itself (compute's map
-    hop to its merge hop through compute.partials) is shown inside its node."""
+    hop to its merge hop through compute.partials.<job>) is shown inside its node."""
     writers: dict[Topic, set[str]] = {}
     for hop in topology.HOPS:
         for topic in hop.outputs:

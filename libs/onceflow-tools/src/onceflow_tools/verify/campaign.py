@@ -315,7 +315,7 @@ def _campaign(
 
     progress.phase = "checking every topic"
     on_progress(progress)
-    verdict = check(common, expected, rows, batch_rows, injected, still_undrained=behind)
+    verdict = check(common, job, expected, rows, batch_rows, injected, still_undrained=behind)
     verdict.redis_repairs = _repairs_logged(supervisor.log_dir)
     verdict.late_resends = senders.late_resends
     verdict.zombie_exits = [z.exit_code for z in supervisor.zombies]

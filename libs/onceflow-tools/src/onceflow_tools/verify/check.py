@@ -43,7 +43,7 @@ from onceflow.kafka.inspect import (
     read_uncommitted,
 )
 from onceflow.redis_client import connect
-from onceflow.topology import Topic
+from onceflow.topology import Topic, job_topic
 from onceflow.v1.acker_pb2 import AckerBatch, AckerMessage, TreeEvent
 from onceflow.v1.envelope_pb2 import DeadLetter, Envelope
 
@@ -52,6 +52,13 @@ PIPELINE_TOPICS = (
     Topic.INGEST_RECORDS, Topic.ACKER_ACKS, Topic.ACKER_EVENTS, Topic.ACKER_CHANGELOG, Topic.DEDUP_RECORDS, Topic.DEDUP_CHANGELOG,
     Topic.COMPUTE_PARTIALS, Topic.COMPUTE_RESULTS, Topic.COMPUTE_CHANGELOG, Topic.COMPUTE_LATE, *DLQ_TOPICS,
 )
+
+
+def pipeline_topics(job: str) -> list[str]:
+    """Every pipeline topic ``job`` uses (its own partials and changelog), before the prefix."""
+    return [job_topic(t, job) for t in PIPELINE_TOPICS]
+
+
 _SHOWN = 20  # ids listed per problem in the report
 
 
@@ -136,15 +143,15 @@ def undrained(common: CommonSettings, job: str) -> list[str]:
     from onceflow_sink.tables import ResultTables  # the key layout lives with its service
 
     prefix, topic = common.topic_prefix, common.topic
-    ends_before = _pipeline_ends(common)
+    ends_before = _pipeline_ends(common, job)
     open_txns = _open_transactions(ends_before)
     if open_txns:
         return [f"open transaction on {name} {parts}" for name, parts in open_txns.items()]
     behind = [
-        f"{hop.group_id(prefix, job)} on {hop.input}"
+        f"{hop.group_id(prefix, job)} on {job_topic(hop.input, job)}"
         for hop in topology.HOPS
         if hop.input is not None and hop.offsets_in_kafka  # the sink's offsets: checked below
-        and not consumed_everything(common, hop.group_id(prefix, job), topic(hop.input))
+        and not consumed_everything(common, hop.group_id(prefix, job), topic(job_topic(hop.input, job)))
     ]
     if behind:
         return behind
@@ -161,13 +168,13 @@ def undrained(common: CommonSettings, job: str) -> list[str]:
     pending = read_committed(common, results, start={p: offset + 1 for p, offset in applied.items()})
     if pending:
         return [f"sink: {len(pending)} results not applied"]
-    grown = sorted(name for name, ends in _pipeline_ends(common).items() if ends != ends_before[name])
+    grown = sorted(name for name, ends in _pipeline_ends(common, job).items() if ends != ends_before[name])
     return [f"still being written: {', '.join(grown)}"] if grown else []
 
 
-def _pipeline_ends(common: CommonSettings) -> dict[str, dict[int, tuple[int, int]]]:
+def _pipeline_ends(common: CommonSettings, job: str) -> dict[str, dict[int, tuple[int, int]]]:
     """topic -> partition -> (last stable offset, high watermark), for every pipeline topic."""
-    return {name: end_offsets(common, common.topic(name)) for name in PIPELINE_TOPICS}
+    return {name: end_offsets(common, common.topic(name)) for name in pipeline_topics(job)}
 
 
 def _open_transactions(ends: dict[str, dict[int, tuple[int, int]]]) -> dict[str, list[int]]:
@@ -199,6 +206,7 @@ def dedup_store_diff(common: CommonSettings) -> list[str]:
 
 def check(
     common: CommonSettings,
+    job: str,
     expected_ids: set[str],
     sink_rows: dict[str, dict],
     batch_rows: dict[str, dict],
@@ -245,7 +253,7 @@ def check(
         for event in (TreeEvent.FromString(r.value) for r in read[Topic.ACKER_EVENTS] if r.value)
         if event.outcome == TreeEvent.COMPLETED
     }
-    hanging = hanging_transactions(common, [topic(t) for t in PIPELINE_TOPICS], wait_s=hanging_wait_s)
+    hanging = hanging_transactions(common, [topic(t) for t in pipeline_topics(job)], wait_s=hanging_wait_s)
     wrong = sorted({k for k in batch_rows if sink_rows.get(k) != batch_rows[k]} | (set(sink_rows) - set(batch_rows)))
     ingested = [decode_envelope(r.value) for r in ingest_committed]
     store_wrong = dedup_store_diff(common)

@@ -165,9 +165,9 @@ class PartitionStores(Generic[StoreT]):
             reader.assign(assignment)
             pending = set(targets)
             # A read_committed EOF comes at the last stable offset, which any producer's open
-            # transaction holds back, also behind records that did commit: another job's on a
-            # shared changelog, a kill -9'd worker's until its transaction times out, or the
-            # previous owner's last commit whose markers are not written yet. The input offsets
+            # transaction holds back, also behind records that did commit: a kill -9'd worker's
+            # until its transaction times out, or the previous owner's last commit whose markers
+            # are not written yet. The input offsets
             # committed with those records are visible to this owner already, so stopping there
             # would resume the input after state the store never saw (a q7 CI run lost 254 bids
             # so). Read on until the stable end passes the high watermark seen at the first

@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+from onceflow.topology import check_job_name
+
 from onceflow_compute.api import Aggregation, Job, Join, Transform
 
 
@@ -23,4 +25,5 @@ def load_job(name: str) -> Job:
     job = getattr(module, "job", None)
     if not isinstance(job, (Aggregation, Join, Transform)):
         raise ValueError(f"module {module_name} has no `job` (an Aggregation, a Join or a Transform)")
+    check_job_name(job.name)  # it names the job's topics
     return job

@@ -1,5 +1,5 @@
 """Word count: lines of text in, a running count per word out. The group key (a word) is not
-the input's key, so the partials go through the compute.partials shuffle to the word's owner."""
+the input's key, so the partials go through the compute.partials.<job> shuffle to the word's owner."""
 
 import pyarrow as pa
 from pyspark.sql import DataFrame

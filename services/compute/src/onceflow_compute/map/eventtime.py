@@ -10,7 +10,7 @@ crashes or which worker reads the partition, so a replayed batch judges every re
 Too-late records go to ``compute.late`` (as dead letters naming the watermark and the window),
 are acked and never reach the job.
 
-After each batch the hop sends each partition's watermark to every ``compute.partials``
+After each batch the hop sends each partition's watermark to every ``compute.partials.<job>``
 partition in the same transaction, so the merge hop knows how far every input has come.
 """
 

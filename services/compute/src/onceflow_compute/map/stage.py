@@ -1,8 +1,8 @@
 """The map hop (stage ``compute``, stateless, the engine): dedup.records -> one Arrow table
 (onceflow_compute/frames.py) -> the job (onceflow_compute/engine/run.py) -> for an aggregation,
-one partial aggregate per group key to compute.partials (keyed by job and group key, so the
+one partial aggregate per group key to compute.partials.<job> (keyed by job and group key, so the
 key's state has one owner whatever the input's key was); for a join, each side's rows to
-compute.partials keyed by join key; for a transform, result rows straight to compute.results. A
+compute.partials.<job> keyed by join key; for a transform, result rows straight to compute.results. A
 windowed job's records pass the event-time gate first (eventtime.py, beside this file). The
 input's tuple trees end here: from this transaction on, the record's effect is durable in Kafka,
 and every later hop is a transaction too. The merge hop: onceflow_compute/merge/.

@@ -1,4 +1,4 @@
-"""The merge hop of an aggregation without a window: compute.partials -> merge into the key's
+"""The merge hop of an aggregation without a window: compute.partials.<job> -> merge into the key's
 state (changelog-backed) -> for each key whose row changed, ``-old`` then ``+new`` to
 compute.results. (Windowed aggregations: windowed.py; joins: joined.py.)"""
 
@@ -34,10 +34,7 @@ class MergeStage(MergeHop):
         for record in batch.records:
             savepoint = batch.savepoint()
             try:
-                partial = self._decode(record)
-                if partial is None:
-                    continue  # another job's partial
-                key, values = partial
+                key, values = self._decode(record)
                 partition = partition_of(record)
                 state = batch.state(partition)
                 skey = state_key(job.name, key)
@@ -64,8 +61,6 @@ class MergeStage(MergeHop):
             changes += 1
         self.count_after_commit(batch, changes)
 
-    def _decode(self, record: Message) -> tuple[str, list[JSONValue]] | None:
-        partial = PartialAggregate.FromString(record.value() or b"")
-        if partial.job != self.job.name:
-            return None
+    def _decode(self, record: Message) -> tuple[str, list[JSONValue]]:
+        partial = PartialAggregate.FromString(record.value() or b"")  # the job's own topic: its partials only
         return partial.key, decode_partials(self.job, partial)

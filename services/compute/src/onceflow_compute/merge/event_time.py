@@ -1,5 +1,5 @@
 """What the merge hops of event-time jobs (windowed aggregations: windowed.py; joins:
-joined.py) share: per owned ``compute.partials`` partition, one keyed state (panes, join rows)
+joined.py) share: per owned ``compute.partials.<job>`` partition, one keyed state (panes, join rows)
 restored from the partition's store, the watermarks its source partitions reported, and after
 each batch the snapshot of every key the batch changed, into the changelog in the batch's
 transaction. The state is a cache of committed state plus the open batch: when a batch is
@@ -151,8 +151,6 @@ class KeyedEventTimeMerge(MergeHop, Generic[S]):
             reported = touched.setdefault(partition, set())
             try:
                 partial = PartialAggregate.FromString(record.value() or b"")
-                if partial.job != self.job.name:
-                    continue  # another job's record
                 if partial.HasField("watermark"):
                     self.sources.note(partition, partial.watermark, reported)
                     continue

@@ -1,8 +1,8 @@
 """The merge hop of a join job: both sides' rows per join key in, joined rows (and their
 retractions) out.
 
-Each owned ``compute.partials`` partition has a :class:`StreamJoin` over the join keys it owns,
-restored from the partition's store (``compute.changelog``: ``job\\x00<join key>`` -> both sides'
+Each owned ``compute.partials.<job>`` partition has a :class:`StreamJoin` over the join keys it owns,
+restored from the partition's store (``compute.changelog.<job>``: ``job\\x00<join key>`` -> both sides'
 rows; a windowed join also keeps the source watermarks, as windowed.py does). Every row added
 becomes result changes at once, in the batch's transaction, with the changed keys' rows. A
 windowed join drops a window's rows once the partition's watermark passes the window's end plus

@@ -1,7 +1,7 @@
 """The merge hop of a windowed job: partials per key and event-time bucket in, panes out.
 
-Each owned ``compute.partials`` partition has a :class:`WindowedAggregation` over the keys it
-owns, restored from the partition's store (``compute.changelog``: a key's panes, and the latest
+Each owned ``compute.partials.<job>`` partition has a :class:`WindowedAggregation` over the keys it
+owns, restored from the partition's store (``compute.changelog.<job>``: a key's panes, and the latest
 watermark each ``dedup.records`` partition reported). The partition's watermark is the minimum
 over every input partition once all have reported. After each batch the engine fires what is
 due; the firings become result changes (retractions first) and the changed keys' panes go to
