@@ -102,3 +102,31 @@ def test_time_backlog_spans_from_the_first_commit_and_from_the_start() -> None:
     assert run.records == 400  # the first commit's 100 are not timed
     assert run.start_records == 500
     assert run.start_seconds is not None and run.start_seconds >= 10.0 + run.seconds
+
+
+def test_a_peer_contender_may_name_its_commit_interval_and_nothing_else_may() -> None:
+    assert hops.parse_contender("dedup") == ("dedup", None)
+    assert hops.parse_contender("quix-dedup@5") == ("quix-dedup", 5.0)
+    assert hops.parse_contender("kstreams-keyed-count@0.5") == ("kstreams-keyed-count", 0.5)
+    for bad, why in (
+        ("dedup@1", "only a peer"), ("quix-dedup@soon", "must be seconds"), ("quix-dedup@0", "(0, 60]"),
+        ("flink@1", "unknown hop"),
+    ):
+        with pytest.raises(ValueError, match=why.replace("(", r"\(").replace("]", r"\]")):
+            hops.parse_contender(bad)
+
+
+def test_a_named_interval_reaches_its_peer_and_its_transaction_line() -> None:
+    options = hops.HopOptions()
+    assert hops.contender_options("quix-dedup@5", options).quix_commit_interval_s == 5.0
+    assert hops.contender_options("kstreams-dedup@1", options).kstreams_commit_interval_s == 1.0
+    assert hops.contender_options("kstreams-dedup@1", options).quix_commit_interval_s == options.quix_commit_interval_s
+    assert hops.describe_transaction("quix-keyed-count@5", options) == "a checkpoint every 5 s"
+    assert hops.describe_transaction("kstreams-dedup", options).startswith("a commit every 0.1 s")
+
+
+def test_a_peer_run_at_several_intervals_is_judged_at_its_best() -> None:
+    report = Report(hops={
+        "dedup": BacklogRun(1000, 0.1), "quix-dedup@5": BacklogRun(1000, 0.4), "quix-dedup@1": BacklogRun(1000, 0.2),
+    })
+    assert report.ratios()["dedup_vs_quix"] == pytest.approx(2.0)

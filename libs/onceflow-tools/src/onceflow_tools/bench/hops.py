@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import grpc
@@ -313,5 +313,45 @@ RUNNERS: dict[str, Callable[[HopOptions], BacklogRun]] = {
 }
 
 
+# The peers, whose commit interval a contender may name: ``quix-dedup@5`` is Quix's dedup
+# with a checkpoint every 5 s (its own default), ``kstreams-keyed-count@1`` Kafka Streams with
+# commit.interval.ms 1000. So one run can hold a peer at its defaults and tuned, side by side.
+PEERS = ("quix-dedup", "quix-keyed-count", "kstreams-dedup", "kstreams-keyed-count")
+
+
+def parse_contender(name: str) -> tuple[str, float | None]:
+    """``hop`` or ``peer@seconds`` -> (hop, commit interval or None); ValueError names the problem."""
+    hop, at, interval = name.partition("@")
+    if hop not in HOPS:
+        raise ValueError(f"unknown hop {hop!r}: {', '.join(HOPS)}")
+    if not at:
+        return hop, None
+    if hop not in PEERS:
+        raise ValueError(f"{name!r}: only a peer takes @seconds (its commit interval): {', '.join(PEERS)}")
+    try:
+        seconds = float(interval)
+    except ValueError:
+        raise ValueError(f"{name!r}: the commit interval after @ must be seconds, got {interval!r}") from None
+    if not 0 < seconds <= 60:
+        raise ValueError(f"{name!r}: the commit interval must be in (0, 60] s")
+    return hop, seconds
+
+
+def contender_options(name: str, options: HopOptions) -> HopOptions:
+    """The options ``name`` runs with: its own commit interval, if it names one."""
+    hop, interval = parse_contender(name)
+    if interval is None:
+        return options
+    field = "quix_commit_interval_s" if hop.startswith("quix") else "kstreams_commit_interval_s"
+    return replace(options, **{field: interval})
+
+
+def describe_transaction(name: str, options: HopOptions) -> str:
+    """What one transaction of contender ``name`` holds."""
+    hop, _interval = parse_contender(name)
+    return transaction_sizes(contender_options(name, options))[hop]
+
+
 def run_hop(name: str, options: HopOptions) -> BacklogRun:
-    return RUNNERS[name](options)
+    hop, _interval = parse_contender(name)
+    return RUNNERS[hop](contender_options(name, options))

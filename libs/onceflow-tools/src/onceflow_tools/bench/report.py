@@ -36,7 +36,12 @@ class Report:
         eos, alos = self.modes.get("exactly_once"), self.modes.get("at_least_once")
         if eos and alos:
             ratios["exactly_once_vs_at_least_once"] = eos.sustainable / alos.sustainable
-        rate = {name: run.records_per_s for name, run in self.hops.items()}
+        # A peer run at several commit intervals (``quix-dedup@5``, ``quix-dedup@1``) is judged
+        # at its best of them: onceflow is held against each peer tuned, not only as shipped.
+        rate: dict[str, float] = {}
+        for name, run in self.hops.items():
+            hop = name.partition("@")[0]
+            rate[hop] = max(rate.get(hop, 0.0), run.records_per_s)
         if eos and "copier-chain" in rate:
             # The pipeline against five bare exactly-once hops in a row: what its work costs.
             ratios["exactly_once_vs_copier_chain"] = eos.sustainable / rate["copier-chain"]

@@ -33,7 +33,11 @@ def bench(
         hops.KSTREAMS_DEFAULT_COMMIT_INTERVAL_S, help="Kafka Streams' commit.interval.ms, in seconds (its exactly_once_v2 default: 0.1)."
     ),
     parts: str = typer.Option("pipeline,hops", help="What to run: pipeline, hops, or both."),
-    hop_names: str = typer.Option(",".join(hops.HOPS), "--hops", help=f"Hop contenders: {', '.join(hops.HOPS)}."),
+    hop_names: str = typer.Option(
+        ",".join(hops.HOPS), "--hops",
+        help=f"Hop contenders: {', '.join(hops.HOPS)}. A peer may name its commit interval, to run at its default "
+        "and tuned side by side: quix-dedup@5,quix-dedup@1 (Quix's default is 5 s, Kafka Streams' 0.1 s).",
+    ),
     output: Path = typer.Option(Path("bench/results"), help="Folder for onceflow-bench.json and onceflow-bench.png."),
 ) -> None:
     """Throughput and latency of the pipeline against its at-least-once mode and its peers."""
@@ -43,8 +47,11 @@ def bench(
     if unknown := chosen - {"pipeline", "hops"}:
         raise typer.BadParameter(f"unknown parts {sorted(unknown)}: pipeline, hops")
     contenders = [h.strip() for h in hop_names.split(",") if h.strip()]
-    if unknown := set(contenders) - set(hops.HOPS):
-        raise typer.BadParameter(f"unknown hops {sorted(unknown)}: {', '.join(hops.HOPS)}")
+    for contender in contenders:
+        try:
+            hops.parse_contender(contender)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
     try:
         shares = [float(f) for f in fractions.split(",") if f.strip()]
     except ValueError:
@@ -86,7 +93,7 @@ def bench(
             records=records, warm_up_records=hop_warm_up, users=users, quix_commit_interval_s=quix_commit_interval,
             kstreams_commit_interval_s=kstreams_commit_interval, log_dir=log_dir,
         )
-        report.hop_transactions = hops.transaction_sizes(hop_options)
+        report.hop_transactions = {name: hops.describe_transaction(name, hop_options) for name in contenders}
         for name in contenders:
             def one(name: str = name) -> None:
                 with console.status(f"{name}: {records:,} records"):
