@@ -30,6 +30,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 import tomllib
@@ -94,6 +95,16 @@ def default_addresses() -> dict[str, str]:
     return {entry["address"]: entry["name"] for entry in services} | {f"127.0.0.1:{DEFAULT_KAFKA_PORT}": "kafka"}
 
 
+# A terminal's foreground job takes Ctrl-C. A suite started in the background (nohup, `&`, a CI
+# runner) has SIGINT ignored, and every process it starts inherits that, through bash and exec:
+# Python then never installs its KeyboardInterrupt handler, and the tail ignored Ctrl-C (seen
+# in two fresh-clone runs: its stacks showed it polling on, 30 s after the signal). Whether a
+# run met it depended on whether an earlier test in the same worker had set a SIGINT handler
+# (a handler, unlike SIG_IGN, is reset by exec). So each terminal starts with SIGINT as a
+# terminal gives it: the default, set here and kept across the exec.
+_CTRL_C_TAKES = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])"
+
+
 class Terminal:
     """A bash process whose output is collected (and logged) line by line."""
 
@@ -101,7 +112,8 @@ class Terminal:
         self.lines: list[str] = []
         self._log = log.open("a")
         self.proc = subprocess.Popen(
-            argv, cwd=cwd, env=env, stdin=subprocess.PIPE if argv == ["bash"] else subprocess.DEVNULL,
+            [sys.executable, "-c", _CTRL_C_TAKES, *argv], cwd=cwd, env=env,
+            stdin=subprocess.PIPE if argv == ["bash"] else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         )
         self._reader = threading.Thread(target=self._read, daemon=True)
