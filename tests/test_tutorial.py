@@ -152,8 +152,7 @@ class Terminal:
         try:
             code = self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            # Where it sits, C frames (librdkafka) included: once seen in a fresh-clone run, a
-            # tail that had printed every change did not exit, and never since.
+            # Where it sits, C frames (librdkafka) included: these stacks found _CTRL_C_TAKES's cause.
             stacks = "\n".join(stack_dump(int(pid), native=True) for pid in _group(self.proc.pid))
             raise AssertionError(f"still running {timeout_s}s after Ctrl-C:\n{self.output()[-3000:]}\n{stacks}") from None
         self._reader.join(5)
