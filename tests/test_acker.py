@@ -61,6 +61,10 @@ class Deployment:
         self.fanout.start()
         if leaf:
             self.leaf.start()
+        # Send only once the bolts consume: under load their group join outlasted a 12 s tree
+        # timeout, and the first batch's healthy trees timed out (a fresh-clone run).
+        for bolt in (self.fanout, self.leaf) if leaf else (self.fanout,):
+            bolt.wait_log("assigned [", 120)
         return self
 
     def stop(self) -> None:
