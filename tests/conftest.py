@@ -57,6 +57,12 @@ TEST_SESSION_TIMEOUT_MS = 6000
 # Compute workers in tests live seconds between kills: a JVM tuned for starting, not for peak
 # speed (docs/services/compute.md, ONCEFLOW_COMPUTE_SPARK_JAVA_OPTIONS).
 SHORT_LIVED_COMPUTE = {"ONCEFLOW_COMPUTE_SPARK_JAVA_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
+# Where compute is not the subject (the client SDK, the sources, the Faust bridge, the console),
+# its usersum job runs on the in-process pandas engine: the same two hops, topics, transactions,
+# combiner and dead letters, without a Spark JVM starting and running every micro-batch beside
+# the suite's other workers. Compute's own tests, the verify campaigns, Nexmark, the tutorial and
+# the Spark cluster tests run Spark.
+COMPUTE_NOT_UNDER_TEST = {"ONCEFLOW_COMPUTE_ENGINE": "pandas"}
 
 
 def _weight(item: pytest.Item) -> int:

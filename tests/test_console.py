@@ -26,7 +26,7 @@ from onceflow.v1.ingest_pb2 import IngestRecord
 from onceflow_tools.infra.topics import delete_topics, ensure_topics
 from onceflow_tools.verify.supervisor import SERVICES, Supervisor
 from onceflow_tools.workloads import usersum
-from tests.conftest import SHORT_LIVED_COMPUTE, TEST_SESSION_TIMEOUT_MS, eventually
+from tests.conftest import COMPUTE_NOT_UNDER_TEST, TEST_SESSION_TIMEOUT_MS, eventually
 from tests.test_observability import dashboard_metrics, sample, scrape
 from tests.harness.process import ServiceProcess, free_port
 
@@ -83,7 +83,7 @@ def running(infra: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[R
         settings={name: {"METRICS_PORT": str(port)} for name, port in metrics_ports.items()},
         env={
             "ONCEFLOW_KAFKA_BOOTSTRAP": common.kafka_bootstrap, "ONCEFLOW_LOOP_SESSION_TIMEOUT_MS": str(TEST_SESSION_TIMEOUT_MS),
-            "ONCEFLOW_ADMIN_TOKEN": ADMIN_TOKEN, **SHORT_LIVED_COMPUTE,
+            "ONCEFLOW_ADMIN_TOKEN": ADMIN_TOKEN, **COMPUTE_NOT_UNDER_TEST,
         },
     )
     stop = threading.Event()

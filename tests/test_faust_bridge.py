@@ -27,7 +27,7 @@ from onceflow_tools.verify.check import undrained
 from onceflow_tools.verify.supervisor import Supervisor
 from onceflow_tools.workloads import usersum
 from onceflow_tools.workloads.usersum import KeyedRecord
-from tests.conftest import SHORT_LIVED_COMPUTE, TEST_SESSION_TIMEOUT_MS, eventually
+from tests.conftest import COMPUTE_NOT_UNDER_TEST, TEST_SESSION_TIMEOUT_MS, eventually
 
 pytestmark = [pytest.mark.source, pytest.mark.fault, pytest.mark.integration, pytest.mark.xdist_group("faust")]
 EVENTS = 4000
@@ -45,7 +45,7 @@ def pipeline(infra: None, tmp_path: Path) -> Iterator[tuple[Supervisor, CommonSe
         prefix, tmp_path / "pipeline",
         env={
             "ONCEFLOW_KAFKA_BOOTSTRAP": common.kafka_bootstrap, "ONCEFLOW_LOOP_SESSION_TIMEOUT_MS": str(TEST_SESSION_TIMEOUT_MS),
-            **SHORT_LIVED_COMPUTE,
+            **COMPUTE_NOT_UNDER_TEST,
         },
     )
     try:

@@ -49,7 +49,7 @@ from onceflow_tools.verify.check import undrained
 from onceflow_tools.verify.supervisor import Supervisor
 from onceflow_tools.workloads import usersum
 from onceflow_tools.workloads.usersum import KeyedRecord
-from tests.conftest import SHORT_LIVED_COMPUTE, TEST_SESSION_TIMEOUT_MS, eventually
+from tests.conftest import COMPUTE_NOT_UNDER_TEST, TEST_SESSION_TIMEOUT_MS, eventually
 from tests.harness.process import RestartOnRequest
 
 pytestmark = [pytest.mark.source, pytest.mark.integration, pytest.mark.fault, pytest.mark.xdist_group("source")]
@@ -117,7 +117,7 @@ def running(infra: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[R
         prefix, log_dir,
         env={
             "ONCEFLOW_KAFKA_BOOTSTRAP": common.kafka_bootstrap, "ONCEFLOW_LOOP_SESSION_TIMEOUT_MS": str(TEST_SESSION_TIMEOUT_MS),
-            **SHORT_LIVED_COMPUTE,
+            **COMPUTE_NOT_UNDER_TEST,
         },
     )
     try:
