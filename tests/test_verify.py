@@ -13,15 +13,15 @@ import pytest
 
 from onceflow.config import repo_root
 from onceflow_tools.verify.schedule import available_kinds
-from tests.conftest import CAMPAIGNS, SHORT_LIVED_COMPUTE
+from tests.conftest import CAMPAIGNS, COMPUTE_NOT_UNDER_TEST, SHORT_LIVED_COMPUTE
 
 pytestmark = [pytest.mark.verify, pytest.mark.integration, pytest.mark.fault]
 
 
-def verify(*args: str, timeout_s: float) -> tuple[int, dict]:
+def verify(*args: str, timeout_s: float, compute: dict[str, str] = SHORT_LIVED_COMPUTE) -> tuple[int, dict]:
     done = subprocess.run(
         [sys.executable, "-m", "onceflow_tools", "verify", "--json", *args],
-        cwd=repo_root(), env={**os.environ, **SHORT_LIVED_COMPUTE}, capture_output=True, text=True, timeout=timeout_s,
+        cwd=repo_root(), env={**os.environ, **compute}, capture_output=True, text=True, timeout=timeout_s,
     )
     assert done.stdout.strip(), done.stderr[-5000:]
     print(done.stderr[-6000:])  # verify's notes (faults, stacks of a pipeline that would not drain): shown on failure
@@ -56,14 +56,16 @@ def test_a_build_that_commits_offsets_outside_the_transaction_and_reads_aborted_
         "--workload", "keyed-count",
         "--sabotage", "offsets_outside_txn,read_uncommitted", "--faults", "crash_in_txn", "--duration", "30s",
         # Aborted reads are caught where a read_uncommitted compute acks the gate's aborted
-        # outputs, so compute must get to run: each of its kills costs a Spark start (15 s on a
-        # busy machine), and a CI run judged 15 s after the clients, before the last restart
-        # had read anything (0 aborted reads; lost and wrong rows caught all the same). Another
+        # outputs, so compute must get to run. On Spark each of its kills cost a Spark start (15 s
+        # on a busy machine), and a CI run judged 15 s after the clients, before the last restart
+        # had read anything (0 aborted reads; lost and wrong rows caught all the same); another
         # judged it at 60 s, with the last clean compute's Spark still starting (sink rows 0).
-        # The wait ends as soon as the pipeline has drained, so this is only a bound.
+        # The checker is under test here, not Spark: compute runs on pandas and restarts in
+        # seconds. The wait ends as soon as the pipeline has drained, so it is only a bound.
         # No late re-sends: they send earlier batches again, which re-delivers what the broken
         # offsets lost (a 3-worker run lost 0 that way, with 55 batches of 45 sent again).
         "--rate", "150", "--fault-every", "4", "--seed", "5", "--settle", "240", "--no-late-resends", timeout_s=600,
+        compute=COMPUTE_NOT_UNDER_TEST,
     )
     assert verdict["faults_injected"].get("crash_in_txn", 0) >= 3, verdict["faults_injected"]
     assert code == 1 and not verdict["ok"], verdict
@@ -78,6 +80,7 @@ def test_a_build_that_trusts_redis_fails_verification_after_a_rollback_and_a_flu
     code, verdict = verify(
         "--workload", "keyed-count", "--sabotage", "redis_unchecked", "--faults", "redis-rollback,redis-flush",
         "--duration", "24s", "--rate", "150", "--fault-every", "5", "--seed", "9", "--settle", "30", timeout_s=600,
+        compute=COMPUTE_NOT_UNDER_TEST,
     )
     assert verdict["faults_injected"].get("redis-rollback", 0) >= 1 and verdict["faults_injected"].get("redis-flush", 0) >= 1
     assert code == 1 and not verdict["ok"], verdict

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import threading
 
+from confluent_kafka import KafkaException
+
 from onceflow import metrics, spout
 from onceflow.admin import RESERVED_FOR_ADMIN, ServiceServer, StatusSnapshot
 from onceflow.kafka.inspect import wait_partition_count
@@ -146,7 +148,11 @@ class IngestService:
         replay_exit: list[int] = []
         replay_thread = None
         if self.watcher is not None and self.replayer is not None:
-            self.watcher.start()
+            try:
+                self.watcher.start()
+            except KafkaException as exc:  # the broker did not answer within the watcher's wait
+                log.error("cannot find where acker.events ends (%s); exiting so a new process tries again", exc)
+                return EXIT_RESTART
             replayer = self.replayer
             replay_thread = threading.Thread(target=lambda: replay_exit.append(replayer.run()), name="ingest-replayer")
             replay_thread.start()

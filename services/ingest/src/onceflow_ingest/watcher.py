@@ -9,7 +9,7 @@ from confluent_kafka import TopicPartition
 
 from onceflow.config import CommonSettings
 from onceflow.kafka import clients
-from onceflow.kafka.inspect import partitions_of
+from onceflow.kafka.inspect import end_offsets
 from onceflow.v1.acker_pb2 import TreeEvent
 
 from onceflow_ingest.trees import InFlightTrees
@@ -21,8 +21,8 @@ class EventWatcher:
     def __init__(self, common: CommonSettings, topic: str, trees: InFlightTrees) -> None:
         self._trees = trees
         self._stop = threading.Event()
+        self._common = common
         self._topic = topic
-        self._partitions = partitions_of(common, topic)
         self._consumer = clients.reader(common, **{"enable.partition.eof": False})
         self._thread = threading.Thread(target=self._run, name="ingest-events", daemon=True)
 
@@ -31,11 +31,8 @@ class EventWatcher:
         of a tree this instance starts lies past it. Explicit offsets, not OFFSET_END: a
         consumer's position at OFFSET_END stays unknown until a first event arrives, so waiting
         for it cost every start on a quiet topic its whole wait (15 s)."""
-        ends = [
-            TopicPartition(self._topic, p, self._consumer.get_watermark_offsets(TopicPartition(self._topic, p), timeout=timeout_s)[1])
-            for p in self._partitions
-        ]
-        self._consumer.assign(ends)
+        stable_ends = end_offsets(self._common, self._topic, timeout_s)  # retried while leaders move
+        self._consumer.assign([TopicPartition(self._topic, p, stable) for p, (stable, _high) in sorted(stable_ends.items())])
         self._thread.start()
 
     def stop(self) -> None:
