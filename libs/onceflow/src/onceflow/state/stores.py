@@ -179,9 +179,14 @@ class PartitionStores(Generic[StoreT]):
                 # A stall, not a long restore, is the failure: a big store (a million ids) takes
                 # as long as it takes, and a total limit would turn it into a restart loop.
                 if time.monotonic() - progressed > self._restore_timeout_s:
+                    stuck = {p: ends[p] for p in sorted(pending) if p in ends}
                     raise TimeoutError(
                         f"restore of {self.changelog_topic} partitions {sorted(pending)} "
                         f"read nothing for {self._restore_timeout_s}s"
+                        + (
+                            f"; the last stable offset stays below the high watermark {stuck}: a transaction "
+                            "that never ends (docs/architecture.md, 'Hanging transactions')" if stuck else ""
+                        )
                     )
                 # One apply per partition per fetched chunk: a store that writes through (Redis)
                 # pays one round trip per chunk, not per record. Later records win, as in order.
