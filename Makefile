@@ -74,7 +74,8 @@ console: setup
 # it under 20 minutes. Three xdist workers, each with a Kafka and a Redis of its own
 # (tests/conftest.py): many tests wait on timeouts (sessions, trees, Spark starts), and a third
 # worker fills those waits (16.5 min for the tests on a fresh clone, against 18.4 with two and
-# fewer tests; 19:42 with three and 467 tests on 2026-11-26). The longest tests go first. A module that needs one fixture for all its tests
+# fewer tests; 17:56 with three and 467 tests on 2026-11-26, after ingest's 15-second start was fixed and
+# compute runs on pandas where it is not the subject). The longest tests go first. A module that needs one fixture for all its tests
 # is one xdist_group.
 PYTEST_WORKERS ?= 3
 test: setup browser tilt compose-schema
