@@ -20,7 +20,7 @@ from onceflow.redis_client import connect
 from onceflow.topology import Topic
 from onceflow.txn.errors import EXIT_FENCED
 from onceflow.v1 import sink_pb2, sink_pb2_grpc
-from onceflow.v1.acker_pb2 import AckerBatch
+from onceflow.v1.acker_pb2 import AckerBatch, Anchor
 from onceflow.v1.envelope_pb2 import DeadLetter
 from onceflow.v1.results_pb2 import ResultChange
 from onceflow_tools.verify import redis_faults
@@ -36,16 +36,17 @@ JOB = "totals"
 
 
 def changes(count: int, keys: int, seed: int) -> list[ResultChange]:
-    """Upserts and retractions of ``keys`` rows; each change carries a tree edge to ack."""
+    """Upserts and retractions of ``keys`` rows; each change carries an anchor (a group of its
+    own, on acker.acks partition 0) whose edge the sink acks."""
     rng = random.Random(seed)
     out = []
     for i in range(count):
         key = f"row-{rng.randrange(keys)}"
+        anchor = Anchor(group_id=i + 1, edge_id=i + 7, acker_partitions=[0])
         if rng.random() < 0.2:
-            out.append(ResultChange(job=JOB, key=key, op=ResultChange.RETRACT, root_id=i + 1, edge_id=i + 7))
+            out.append(ResultChange(job=JOB, key=key, op=ResultChange.RETRACT, anchor=anchor))
         else:
-            out.append(ResultChange(job=JOB, key=key, op=ResultChange.UPSERT, value=f"v{i}".encode(),
-                                    root_id=i + 1, edge_id=i + 7))
+            out.append(ResultChange(job=JOB, key=key, op=ResultChange.UPSERT, value=f"v{i}".encode(), anchor=anchor))
     return out
 
 
@@ -166,10 +167,10 @@ def test_poison_is_dead_lettered_exactly_once_even_across_a_crash_before_the_app
     assert messages[2].startswith("not a ResultChange")
     assert all(x.stage == "sink" and x.original for x in letters)
     assert redis_table(pipeline) == expected_table(pipeline)
-    # Every applied change's edge was acked (batched per acker.acks partition).
-    acked = {m.xor_value for r in checker.read_committed(pipeline.common, pipeline.topic(Topic.ACKER_ACKS))
+    # Every applied change's edge was acked, on its group (batched per acker.acks partition).
+    acked = {(m.root_id, m.xor_value) for r in checker.read_committed(pipeline.common, pipeline.topic(Topic.ACKER_ACKS))
              for m in AckerBatch.FromString(r.value).messages}
-    assert {c.edge_id for c in good} <= acked
+    assert {(c.anchor.group_id, c.anchor.edge_id) for c in good} <= acked
 
     with grpc.insecure_channel(address) as channel:
         query = sink_pb2_grpc.QueryStub(channel)

@@ -3,18 +3,24 @@ transaction, so an ack exists exactly when the processing it reports committed.
 
 - the spout (ingest) sends INIT: the XOR of the edges it emitted, and where the record lives;
 - a stage that consumed an envelope sends ACK: its input edge XOR the edges it emitted;
-- a stage that gives up on a record sends FAIL with the reason.
+- a stage that gives up on a record sends FAIL with the reason;
+- a stage whose outputs fold many inputs (compute's two hops) makes them one GROUP
+  (``Anchoring``): each output carries an ``Anchor`` (the group and its own edge), and the hop
+  that consumes it acks that edge. A tree thus ends where its effect is visible: at the sink
+  (docs/decisions/0016).
 
-A tree lives in partition ``root_id mod partitions`` of acker.acks. A transaction's messages
-are grouped by that partition into one ``AckerBatch`` record each (``AckBuffer``).
+A tree lives in partition ``root_id mod partitions`` of acker.acks; a group has a copy on each
+partition its anchors name. A transaction's messages are grouped by partition into one
+``AckerBatch`` record each (``AckBuffer``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from onceflow.codec import now_ms
-from onceflow.v1.acker_pb2 import AckerBatch, AckerMessage, RecordRef
+from onceflow.codec import new_id, now_ms
+from onceflow.v1.acker_pb2 import AckerBatch, AckerMessage, Anchor, RecordRef
+from onceflow.v1.envelope_pb2 import Envelope
 
 _MASK = (1 << 64) - 1
 
@@ -63,6 +69,12 @@ def fail(root_id: int, stage: str, reason: str) -> AckerMessage:
     return AckerMessage(kind=AckerMessage.FAIL, root_id=root_id, stage=stage, reason=reason, sent_at_ms=now_ms())
 
 
+def group(group_id: int, edges: int, members: Iterable[int], stage: str) -> AckerMessage:
+    return AckerMessage(
+        kind=AckerMessage.GROUP, root_id=group_id, xor_value=edges, members=members, stage=stage, sent_at_ms=now_ms()
+    )
+
+
 class AckBuffer:
     """One transaction's acker messages, in order, until they are sealed into one AckerBatch
     record per acker.acks partition."""
@@ -72,20 +84,121 @@ class AckBuffer:
             raise ValueError(f"acker.acks needs at least one partition, got {partitions}")
         self.partitions = partitions
         self.messages: list[AckerMessage] = []
+        # A group's copies live where its anchors say, not at root_id mod partitions.
+        self._placed: dict[int, int] = {}
 
     def __len__(self) -> int:
         return len(self.messages)
 
-    def add(self, message: AckerMessage) -> None:
+    def add(self, message: AckerMessage, partition: int | None = None) -> None:
+        if partition is not None:
+            if not 0 <= partition < self.partitions:
+                raise ValueError(f"acker.acks has {self.partitions} partitions, not partition {partition}")
+            self._placed[len(self.messages)] = partition
         self.messages.append(message)
 
     def truncate(self, length: int) -> None:
         del self.messages[length:]
+        self._placed = {at: p for at, p in self._placed.items() if at < length}
 
     def seal(self) -> list[tuple[int, bytes]]:
-        """(partition, serialized AckerBatch) per partition with messages; empties the buffer."""
+        """(partition, serialized AckerBatch) per partition with messages, each in the order
+        added; empties the buffer."""
         grouped: dict[int, list[AckerMessage]] = {}
-        for message in self.messages:
-            grouped.setdefault(message.root_id % self.partitions, []).append(message)
+        placed = self._placed
+        for at, message in enumerate(self.messages):
+            partition = placed.get(at)
+            if partition is None:
+                partition = message.root_id % self.partitions
+            grouped.setdefault(partition, []).append(message)
         self.messages = []
+        self._placed = {}
         return [(p, AckerBatch(messages=msgs).SerializeToString()) for p, msgs in sorted(grouped.items())]
+
+
+class Anchoring:
+    """One transaction's group (docs/decisions/0016): what its outputs came from, and the anchors
+    they carry.
+
+    Its members are the trees of the envelopes a stage read (``roots``: compute's map hop) or the
+    groups behind the anchored outputs it consumed (``consumed``: the merge hop, the sink). Each
+    output gets an anchor (``anchor``): the group id and a fresh edge. At ``seal`` the members are
+    acked with the group id as their child edge and the group is opened with the XOR of its
+    outputs' edges, on every partition its anchors name; a transaction that anchored no output
+    acks its members without children, so their trees end here.
+
+    A group's copies live on its roots' partitions when it has roots only; once it consumed
+    anchors it lives on every partition, because the anchors must name its partitions before the
+    transaction has read all it will consume."""
+
+    def __init__(self, partitions: int, stage: str) -> None:
+        self.partitions = partitions
+        self._stage = stage
+        self.group_id = new_id()
+        self._roots: list[Envelope] = []
+        # Upstream group -> (XOR of its edges consumed here, the partitions holding it).
+        self._upstream: dict[int, tuple[int, tuple[int, ...]]] = {}
+        self._edges: list[int] = []
+        self._where: tuple[int, ...] | None = None
+
+    def __len__(self) -> int:
+        """The outputs anchored so far (a savepoint's mark)."""
+        return len(self._edges)
+
+    @property
+    def has_members(self) -> bool:
+        return bool(self._roots or self._upstream)
+
+    def truncate(self, length: int) -> None:
+        """Forget the anchors of outputs rolled back. Members stay: a consumed input is settled
+        whether its output was kept or it went to the DLQ."""
+        del self._edges[length:]
+
+    def roots(self, envelopes: Iterable[Envelope]) -> None:
+        """These inputs' trees continue as this transaction's outputs (or end here, if none)."""
+        self._roots.extend(envelopes)
+
+    def consumed(self, anchor: Anchor) -> None:
+        """An anchored output was consumed: its edge is acked at ``seal``."""
+        if self._where is not None and self._where != self._everywhere():
+            raise RuntimeError("a group anchored to its roots' partitions cannot take upstream groups afterwards")
+        edges, where = self._upstream.get(anchor.group_id, (0, tuple(anchor.acker_partitions)))
+        self._upstream[anchor.group_id] = (edges ^ anchor.edge_id, where)
+
+    def anchor(self) -> Anchor | None:
+        """The anchor of a new output; None when nothing this transaction read is tracked."""
+        if self._where is None:
+            if self._upstream:
+                self._where = self._everywhere()
+            elif any(e.root_id for e in self._roots):
+                self._where = tuple(sorted({e.root_id % self.partitions for e in self._roots if e.root_id}))
+            else:
+                return None
+        edge = new_id()
+        self._edges.append(edge)
+        return Anchor(group_id=self.group_id, edge_id=edge, acker_partitions=self._where)
+
+    def seal(self, buffer: AckBuffer) -> None:
+        """The members' acks and the group's GROUP messages, into ``buffer``."""
+        stage, group_id = self._stage, self.group_id
+        child = (group_id,) if self._edges else ()
+        for envelope in self._roots:
+            buffer.add(ack(envelope.root_id, envelope.edge_id, child, stage))
+        for upstream, (edges, where) in self._upstream.items():
+            message = AckerMessage(
+                kind=AckerMessage.ACK, root_id=upstream, xor_value=edges ^ (group_id if child else 0), stage=stage,
+                sent_at_ms=now_ms(),
+            )
+            for partition in where:
+                buffer.add(message, partition)
+        if child:
+            assert self._where is not None  # set by the first anchor
+            edges = xor_all(self._edges)
+            for partition in self._where:
+                members = [e.root_id for e in self._roots if e.root_id and e.root_id % self.partitions == partition]
+                members += [upstream for upstream, (_, where) in self._upstream.items() if partition in where]
+                buffer.add(group(group_id, edges, members, stage), partition)
+        self._roots, self._upstream, self._edges = [], {}, []
+
+    def _everywhere(self) -> tuple[int, ...]:
+        return tuple(range(self.partitions))

@@ -18,7 +18,9 @@ worth testing (see ``POINTS``).
 - ``read_uncommitted``: the shared loop's consumers read aborted transactions' records too;
 - ``redis_unchecked``: the Redis stores (the gate's exact ids, the sink's tables) trust Redis
   blindly: no continuity check on writes or deciding reads, so a Redis that went back in time
-  lets duplicates through and leaves wrong rows.
+  lets duplicates through and leaves wrong rows;
+- ``sink_drops_acks``: the sink applies result changes but never acks their anchors, so no tree
+  behind them completes (proof that ``wait=PROCESSED`` waits for the sink).
 
 Never set these outside tests: a service refuses to start with any test-only switch (a fault,
 a sabotage, or ``ONCEFLOW_PROCESSING_GUARANTEE=at_least_once``) unless
@@ -50,7 +52,11 @@ POINTS = (
 
 ENV = "ONCEFLOW_FAULT"
 SABOTAGE_ENV = "ONCEFLOW_SABOTAGE"
-SABOTAGES = ("offsets_outside_txn", "read_uncommitted", "redis_unchecked")
+# What `onceflow verify --sabotage` builds: each breaks exactly-once, so its checker must fail.
+VERIFY_SABOTAGES = ("offsets_outside_txn", "read_uncommitted", "redis_unchecked")
+# sink_drops_acks keeps exactly-once (trees time out, replays are dropped as duplicates): only
+# the wait=PROCESSED test uses it (tests/test_processed.py).
+SABOTAGES = (*VERIFY_SABOTAGES, "sink_drops_acks")
 ALLOW_ENV = "ONCEFLOW_ALLOW_TEST_SWITCHES"
 # Not a fault, but as weakening: the bench's at-least-once twin of every producer.
 GUARANTEE_ENV = "ONCEFLOW_PROCESSING_GUARANTEE"

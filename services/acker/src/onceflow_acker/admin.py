@@ -17,7 +17,7 @@ from onceflow.state.stores import PartitionStores
 from onceflow.v1 import acker_pb2, acker_pb2_grpc
 
 from onceflow_acker.stage import AckerStats
-from onceflow_acker.trees import Tree
+from onceflow_acker.trees import Tree, is_group
 
 MAX_LIST = 1000
 MAX_RECORD_ID_BYTES = 256  # ingest refuses longer record_ids (docs/services/ingest.md)
@@ -37,6 +37,11 @@ def _info(root_id: int, tree: Tree, topic: str, now: int) -> acker_pb2.TreeInfo:
         deadline_ms=tree.deadline_ms,
         age_ms=now - tree.started_ms,
     )
+
+
+def pending_trees(stores: PartitionStores[MemoryStore]) -> int:
+    """Trees waiting for acks, groups not counted."""
+    return sum(1 for _p, store in stores.items() for _key, value in store.items() if not is_group(value))
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,7 @@ class AckerAdminServicer(acker_pb2_grpc.AckerAdminServicer):
                     (int.from_bytes(key, "big"), Tree.decode(value))
                     for _partition, store in self._stores.items()
                     for key, value in store.items()
+                    if not is_group(value)
                 ]
                 trees.sort(key=lambda rt: rt[1].started_ms)
                 by_record: dict[str, list[tuple[int, Tree]]] = {}
@@ -91,7 +97,7 @@ class AckerAdminServicer(acker_pb2_grpc.AckerAdminServicer):
             key = root_key(request.root_id)
             for _partition, store in self._stores.items():
                 value = store.get(key)
-                if value is not None:
+                if value is not None and not is_group(value):
                     return acker_pb2.GetTreeReply(trees=[_info(request.root_id, Tree.decode(value), self._topic, now)])
             return acker_pb2.GetTreeReply()
         if which == "record_id" and request.record_id:
@@ -123,7 +129,7 @@ class AckerAdminServicer(acker_pb2_grpc.AckerAdminServicer):
     def Stats(self, request: acker_pb2.AckerStatsRequest, context: grpc.ServicerContext) -> acker_pb2.AckerStatsReply:
         p50, p99 = self._stats.latency_percentiles()
         return acker_pb2.AckerStatsReply(
-            pending=sum(len(store) for _p, store in self._stores.items()),
+            pending=pending_trees(self._stores),
             completed=self._stats.completed,
             failed=self._stats.failed,
             timed_out=self._stats.timed_out,

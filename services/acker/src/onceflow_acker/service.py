@@ -11,7 +11,7 @@ from onceflow.topology import Topic
 from onceflow.txn import TransactionalLoop
 from onceflow.v1 import acker_pb2, acker_pb2_grpc
 
-from onceflow_acker.admin import AckerAdminServicer
+from onceflow_acker.admin import AckerAdminServicer, pending_trees
 from onceflow_acker.config import AckerSettings
 from onceflow_acker.stage import PENDING, AckerStage, AckerStats
 
@@ -34,12 +34,12 @@ def build(settings: AckerSettings) -> tuple[TransactionalLoop[MemoryStore], Serv
     stores = loop.stores
     admin = AckerAdminServicer(stores, stats, ingest_topic)
 
-    def pending_trees() -> float:
-        return float(sum(len(store) for _p, store in stores.items()))
+    def pending() -> float:
+        return float(pending_trees(stores))
 
-    PENDING.set_function(pending_trees)
+    PENDING.set_function(pending)
     server = ServiceServer.for_service(
-        "acker", settings, LoopControls(loop, lambda: {"pending_trees": pending_trees()}),
+        "acker", settings, LoopControls(loop, lambda: {"pending_trees": pending()}),
         add_servicers=lambda server: acker_pb2_grpc.add_AckerAdminServicer_to_server(admin, server),
         service_names=(acker_pb2.DESCRIPTOR.services_by_name["AckerAdmin"].full_name,),
     )

@@ -16,11 +16,22 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from onceflow.acks import root_key
 from onceflow.kafka.records import partition_of
+from onceflow.state.overlay import StateTransaction
 from onceflow.state.store import MemoryStore
 from onceflow.txn.batch import Batch
 from onceflow.v1.acker_pb2 import AckerBatch, AckerMessage, TreeEvent
 
-from onceflow_acker.trees import Decision, Outcome, SweepClock, Tree, apply, encode_new_init, expired, xor_pending
+from onceflow_acker.trees import (
+    Decision,
+    Outcome,
+    SweepClock,
+    Tree,
+    apply,
+    decide,
+    encode_new_init,
+    expired,
+    xor_pending,
+)
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +47,11 @@ TREE_SECONDS = Histogram(
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
 )
 PENDING = Gauge("onceflow_acker_pending_trees", "Trees in the stores of the partitions this acker owns")
+GROUPS = Counter(
+    "onceflow_acker_groups_total",
+    "Groups (a transaction's outputs, docs/decisions/0016) decided on this acker's partitions",
+    ["outcome"],
+)
 
 # The deadline sits at a fixed place in an encoded tree: the sweep reads only that.
 _DEADLINE = struct.Struct("<q")
@@ -136,8 +152,43 @@ class AckerStage:
                     state.put(key, tree.encode())
                 else:
                     state.delete(key)
-                    decisions.append(self._emit(batch, root_id, decision, now))
+                    self._decided(batch, state, root_id, decision, now, decisions)
         batch.after_commit.append(lambda: self.stats.record(acks, decisions))
+
+    def _decided(
+        self, batch: Batch[MemoryStore], state: StateTransaction[MemoryStore], node_id: int, decision: Decision, now: int,
+        decisions: list[tuple[Outcome, int]],
+    ) -> None:
+        """A tree's decision becomes its event; a completed group acks its id on each member
+        held here, which may complete them in turn (a tree, or an upstream group)."""
+        if not decision.tree.group:
+            decisions.append(self._emit(batch, node_id, decision, now))
+            return
+        completed = [(node_id, decision.tree.members)]
+        while completed:
+            group_id, members = completed.pop()
+            GROUPS.labels("completed").inc()
+            for member in members:
+                key = root_key(member)
+                raw = state.get(key)
+                if raw is None:
+                    continue  # decided already: timed out (and replayed) or failed
+                updated = xor_pending(raw, group_id)
+                if updated is not None:
+                    state.put(key, updated)
+                    continue
+                tree = Tree.decode(raw)
+                tree.ack_val ^= group_id
+                kept, outcome = decide(tree)
+                if outcome is None:
+                    assert kept is not None
+                    state.put(key, kept.encode())
+                    continue
+                state.delete(key)
+                if tree.group:
+                    completed.append((member, tree.members))
+                else:
+                    decisions.append(self._emit(batch, member, outcome, now))
 
     def on_assign(self, partitions: list[int], stores: Mapping[int, MemoryStore]) -> None:
         self._clock.forget(partitions)
@@ -149,7 +200,7 @@ class AckerStage:
         """Time out trees past their deadline: by processing time, or while this partition's
         input is behind, by how far it has been read (``SweepClock``)."""
         decisions: list[tuple[Outcome, int]] = []
-        orphans = 0
+        orphans = expired_groups = 0
         for partition in batch.owned_partitions:
             now = self._clock.now(partition, batch.now_ms, partition in batch.caught_up)
             state = batch.state(partition)
@@ -169,11 +220,19 @@ class AckerStage:
                     orphans += 1
                     continue
                 decision = expired(tree, now)
-                if decision is not None:
-                    state.delete(key)
+                if decision is None:
+                    continue
+                state.delete(key)
+                if tree.group:
+                    # Its members time out on their own (and are replayed); nothing to emit.
+                    GROUPS.labels("timed_out").inc()
+                    expired_groups += 1
+                else:
                     decisions.append(self._emit(batch, int.from_bytes(key, "big"), decision, batch.now_ms))
         if decisions:
             batch.after_commit.append(lambda: self.stats.record(0, decisions))
+        if expired_groups:
+            log.warning("%d groups timed out: their trees time out too and are replayed", expired_groups)
         if orphans:
             log.info("dropped %d expired entries of acks whose tree had no INIT (late acks of decided trees)", orphans)
 

@@ -6,6 +6,10 @@ edge it consumed and the child edges it emitted. Every edge appears exactly twic
 acked), so ``ack_val`` returns to 0 exactly when all are acked; a missing ack leaves it non-zero
 with probability 1 - 2^-64. XOR commutes, so ACKs may arrive before their INIT; a tree is only
 complete once its INIT has been seen.
+
+A group (docs/decisions/0016) is kept the same way: its GROUP message plays the INIT, its value
+is the XOR of its outputs' edges, and it lists its members (the trees, or upstream groups, it
+continues). When it completes, the acker acks the group id on each member (``Tree.members``).
 """
 
 from __future__ import annotations
@@ -17,10 +21,13 @@ from dataclasses import dataclass
 from onceflow.v1.acker_pb2 import AckerMessage
 
 # ack_val, started_ms, deadline_ms, origin offset, attempt, origin partition, flags; then the
-# record_id's UTF-8 bytes (so operators can find a tree by record and see what is stuck).
+# record_id's UTF-8 bytes (so operators can find a tree by record and see what is stuck), or for
+# a group its members' ids, 8 bytes each.
 _LAYOUT = struct.Struct("<QqqqIiB")
 _INIT_SEEN = 1
 _FAILED = 2
+_GROUP = 4
+_MEMBER = struct.Struct("<Q")
 _ACK_VAL = struct.Struct("<Q")
 _FLAGS_AT = 40
 
@@ -42,21 +49,30 @@ class Tree:
     init_seen: bool = False
     failed: bool = False
     record_id: str = ""
+    group: bool = False
+    members: tuple[int, ...] = ()
 
     def encode(self) -> bytes:
-        """41 bytes plus the record_id: a pending tree's whole state, as stored and as written
-        to the changelog."""
-        flags = (_INIT_SEEN if self.init_seen else 0) | (_FAILED if self.failed else 0)
-        return _LAYOUT.pack(
+        """41 bytes plus the record_id (or a group's members): a pending tree's whole state, as
+        stored and as written to the changelog."""
+        flags = (_INIT_SEEN if self.init_seen else 0) | (_FAILED if self.failed else 0) | (_GROUP if self.group else 0)
+        header = _LAYOUT.pack(
             self.ack_val, self.started_ms, self.deadline_ms, self.origin_offset, self.attempt, self.origin_partition, flags
-        ) + self.record_id.encode()
+        )
+        if self.group:
+            return header + struct.pack(f"<{len(self.members)}Q", *self.members)
+        return header + self.record_id.encode()
 
     @classmethod
     def decode(cls, data: bytes) -> Tree:
         ack_val, started, deadline, offset, attempt, partition, flags = _LAYOUT.unpack_from(data)
+        tail = data[_LAYOUT.size :]
+        if flags & _GROUP:
+            members = tuple(m for (m,) in _MEMBER.iter_unpack(tail))
+            return cls(ack_val, started, deadline, offset, attempt, partition, bool(flags & _INIT_SEEN), False, "", True, members)
         return cls(
             ack_val, started, deadline, offset, attempt, partition, bool(flags & _INIT_SEEN), bool(flags & _FAILED),
-            data[_LAYOUT.size :].decode(),
+            tail.decode(),
         )
 
 
@@ -85,6 +101,13 @@ def apply(tree: Tree | None, message: AckerMessage, now_ms: int, default_timeout
         tree.record_id = message.origin.record_id
     elif kind == AckerMessage.ACK:
         tree.ack_val ^= message.xor_value
+    elif kind == AckerMessage.GROUP:
+        tree.ack_val ^= message.xor_value
+        tree.init_seen = True
+        tree.group = True
+        tree.members = tuple(message.members)
+        tree.started_ms = message.sent_at_ms or tree.started_ms
+        tree.deadline_ms = tree.started_ms + (message.timeout_ms or default_timeout_ms)
     elif kind == AckerMessage.FAIL:
         tree.failed = True
         if tree.init_seen:
@@ -117,6 +140,11 @@ def xor_pending(encoded: bytes, xor_value: int) -> bytes | None:
     if ack_val == 0 and encoded[_FLAGS_AT] & _INIT_SEEN:
         return None
     return _ACK_VAL.pack(ack_val) + encoded[8:]
+
+
+def is_group(encoded: bytes) -> bool:
+    """A stored group, not a tree (the admin calls and the pending count skip groups)."""
+    return bool(encoded[_FLAGS_AT] & _GROUP)
 
 
 def decide(tree: Tree) -> tuple[Tree | None, Decision | None]:

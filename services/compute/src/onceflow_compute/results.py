@@ -3,6 +3,7 @@ result changes and the merge hop's state; docs/key-layouts.md) and result change
 
 from __future__ import annotations
 
+from onceflow.v1.acker_pb2 import Anchor
 from onceflow.v1.results_pb2 import ResultChange
 
 from onceflow_compute.api import JSONValue, encode_json
@@ -12,5 +13,6 @@ def state_key(job: str, key: str) -> bytes:
     return f"{job}\x00{key}".encode()
 
 
-def result_change(job: str, key: str, op: ResultChange.Op, row: dict[str, JSONValue]) -> bytes:
-    return ResultChange(job=job, key=key, op=op, value=encode_json(row)).SerializeToString()
+def result_change(job: str, key: str, op: ResultChange.Op, row: dict[str, JSONValue], anchor: Anchor | None = None) -> bytes:
+    """``anchor``: the trees behind the change, which the sink acks once it is in Redis."""
+    return ResultChange(job=job, key=key, op=op, value=encode_json(row), anchor=anchor).SerializeToString()

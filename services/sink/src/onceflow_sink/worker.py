@@ -5,7 +5,8 @@ Per partition batch:
    sink.dlq in a Kafka transaction that also commits the batch's consumer offset, so a letter
    is written exactly once (after a crash, offsets below the committed one already have theirs);
 2. the valid changes go to Redis in one fenced, offset-checked script call (``tables.py``);
-3. the applied changes' edges are acked in a second transaction. An ack lost to a crash here is
+3. the applied changes' anchors are acked in a second transaction: a tree completes once every
+   change it contributed to is in Redis (docs/decisions/0016). An ack lost to a crash here is
    safe: the tree times out, ingest replays the record, and the dedup gate drops the copy.
 
 On assignment the partition's position comes from Redis (last applied offset + 1); Kafka's
@@ -39,6 +40,7 @@ from onceflow.txn.driver import ConsumerDriver, LoopStats
 from onceflow.txn.errors import FencedError
 from onceflow.txn.offsets import committed_offsets
 from onceflow.txn.producer import TxnOutcome
+from onceflow.v1.acker_pb2 import Anchor
 from onceflow.v1.envelope_pb2 import DeadLetter
 from onceflow.v1.results_pb2 import ResultChange
 
@@ -189,7 +191,7 @@ class SinkWorker(ConsumerDriver):
         last = offset_of(records[-1])
         changes: list[Change] = []
         letters: list[tuple[Message, str]] = []
-        edges: list[tuple[int, int]] = []
+        anchors: list[Anchor] = []
         for record in records:
             try:
                 change = _decode(record.value())
@@ -198,8 +200,8 @@ class SinkWorker(ConsumerDriver):
                     letters.append((record, str(exc)))
                 continue
             changes.append(Change(_OPS[change.op], change.job, change.key, change.value))
-            if change.root_id and change.edge_id and offset_of(record) > own.replay_until:
-                edges.append((change.root_id, change.edge_id))
+            if change.HasField("anchor") and offset_of(record) > own.replay_until:
+                anchors.append(change.anchor)
         if letters and not self._write_letters(partition, letters, last):
             return
         faults.point("before_apply")
@@ -222,8 +224,8 @@ class SinkWorker(ConsumerDriver):
         self.stats.batch_seconds.append(elapsed)
         metrics.COMMIT_SECONDS.labels("sink").observe(elapsed)
         faults.point("after_apply")
-        if edges and self._acking:
-            self._send_acks(partition, edges, last)
+        if anchors and self._acking and not faults.sabotaged("sink_drops_acks"):
+            self._send_acks(partition, anchors, last)
 
     def _write_letters(self, partition: int, letters: list[tuple[Message, str]], last: int) -> bool:
         """Dead letters and the batch's consumer offset in one transaction. False: not written
@@ -255,12 +257,20 @@ class SinkWorker(ConsumerDriver):
         metrics.DEAD_LETTERS.labels("sink").inc(len(letters))
         return True
 
-    def _send_acks(self, partition: int, edges: list[tuple[int, int]], last: int) -> None:
+    def _send_acks(self, partition: int, anchors: list[Anchor], last: int) -> None:
         producer, consumer = self.producer, self.consumer
         buffer = acks.AckBuffer(self.ack_partitions)
-        for root_id, edge_id in edges:
-            buffer.add(acks.ack(root_id, edge_id, (), "sink"))
+        anchoring = acks.Anchoring(self.ack_partitions, "sink")
+        for anchor in anchors:
+            if not anchor.group_id or any(p >= self.ack_partitions for p in anchor.acker_partitions):
+                # Not ours to trust: the change is applied; its trees time out and are replayed.
+                log.warning("sink: partition %d: ignoring an anchor that names no group or no acker partition: %s", partition, anchor)
+                continue
+            anchoring.consumed(anchor)
+        anchoring.seal(buffer)  # no outputs: the groups' edges acked, nothing continues
         sealed = buffer.seal()
+        if not sealed:
+            return
 
         def write() -> None:
             for ack_partition, value in sealed:
@@ -271,7 +281,7 @@ class SinkWorker(ConsumerDriver):
         self._count_transaction(result.outcome)
         if not result.committed:
             # Safe to lose (module docstring): the trees time out and the gate drops the replays.
-            self.stats.acks_lost += len(edges)
+            self.stats.acks_lost += len(anchors)
             self._note(f"acks not sent ({result.error}); their trees will time out and be replayed")
 
     def _count_transaction(self, outcome: TxnOutcome) -> None:

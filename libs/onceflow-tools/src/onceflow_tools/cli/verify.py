@@ -17,7 +17,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from onceflow.faults import SABOTAGES
+from onceflow.faults import VERIFY_SABOTAGES
 from onceflow_tools.cli.pipeline_view import PipelineView
 from onceflow_tools.verify import campaign
 from onceflow_tools.verify.check import Verdict
@@ -52,7 +52,7 @@ def verify(
     users: int = typer.Option(1_000, help="keyed-count: distinct keys."),
     settle: float = typer.Option(300.0, help="Seconds the sink may take to converge after the clients finish."),
     sabotage: str = typer.Option(
-        "", help=f"Test the checker: run a deliberately broken build ({', '.join(SABOTAGES)}; comma-separated); verify must then fail."
+        "", help=f"Test the checker: run a deliberately broken build ({', '.join(VERIFY_SABOTAGES)}; comma-separated); verify must then fail."
     ),
     brokers: int | None = typer.Option(
         None, help="1: one broker. 3: a KRaft cluster of three nodes (started if needed; enables the targeted broker faults). Default: ONCEFLOW_KAFKA_BROKERS or 1."

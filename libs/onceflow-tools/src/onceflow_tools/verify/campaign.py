@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from onceflow.config import CommonSettings
-from onceflow.faults import ALLOW_ENV, SABOTAGE_ENV, SABOTAGES
+from onceflow.faults import ALLOW_ENV, SABOTAGE_ENV, VERIFY_SABOTAGES
 from onceflow.redis_client import connect, delete_prefix
 from onceflow.v1.ingest_pb2 import IngestRecord
 from onceflow_tools.infra import stack
@@ -65,7 +65,7 @@ class CampaignOptions:
     max_delay_ms: int = 2_000
     seed: int = 1
     settle_s: float = 300.0  # after the clients finish: how long the sink may take to converge
-    sabotage: str = ""  # comma-separated faults.SABOTAGES: a deliberately broken pipeline (tests of the checker)
+    sabotage: str = ""  # comma-separated faults.VERIFY_SABOTAGES: a deliberately broken pipeline (tests of the checker)
     keep: bool = False
     workload: str = "nexmark"
     users: int = 1_000  # keyed-count: distinct keys
@@ -97,9 +97,9 @@ class CampaignOptions:
             raise ValueError(f"unknown workload {self.workload!r}; known: {', '.join(WORKLOADS)}")
         if self.users < 1:
             raise ValueError("users must be positive")
-        unknown = {s for s in self.sabotage.split(",") if s} - set(SABOTAGES)
+        unknown = {s for s in self.sabotage.split(",") if s} - set(VERIFY_SABOTAGES)
         if unknown:
-            raise ValueError(f"unknown sabotage {sorted(unknown)}; known: {', '.join(SABOTAGES)}")
+            raise ValueError(f"unknown sabotage {sorted(unknown)}; known: {', '.join(VERIFY_SABOTAGES)}")
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from onceflow.spout import NewRecord
 from onceflow.state.overlay import StateTransaction
 from onceflow.state.store import StoreT
 from onceflow.state.stores import PartitionStores
-from onceflow.v1.acker_pb2 import RecordRef
+from onceflow.v1.acker_pb2 import Anchor, RecordRef
 from onceflow.v1.envelope_pb2 import DeadLetter, Envelope
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,7 @@ class Savepoint:
     outputs: int
     acks: int
     new_roots: int
+    anchors: int
     state: dict[int, int] = field(default_factory=dict)
 
 
@@ -64,6 +65,7 @@ class Batch(Generic[StoreT]):
         self.now_ms = now_ms()
         self._acks_topic = acks_topic
         self._acks = acks.AckBuffer(ack_partitions)
+        self._anchoring = acks.Anchoring(ack_partitions, stage)
         self.outputs: list[Output] = []
         self.new_roots: list[NewRoot] = []
         self.dead_letters = 0
@@ -115,12 +117,27 @@ class Batch(Generic[StoreT]):
 
     @property
     def has_writes(self) -> bool:
-        written = self.outputs or self.new_roots or self._acks
+        written = self.outputs or self.new_roots or self._acks or self._anchoring.has_members
         return bool(written) or any(o.changes for o in self._overlays.values())
 
     def ack(self, envelope: Envelope, children: Iterable[int] = ()) -> None:
         """Tell the acker this stage processed ``envelope`` and emitted ``children`` (edge ids)."""
         self._acks.add(acks.ack(envelope.root_id, envelope.edge_id, children, self._stage))
+
+    def anchor_roots(self, envelopes: Iterable[Envelope]) -> None:
+        """These inputs' trees continue in the outputs anchored by ``anchor``, or end with this
+        transaction if it anchors none (``acks.Anchoring``): in place of ``ack`` for each."""
+        self._anchoring.roots(envelopes)
+
+    def consumed(self, anchor: Anchor) -> None:
+        """An anchored input was consumed (processed or dead-lettered): its edge is acked, and
+        the outputs anchored by ``anchor`` continue its group."""
+        self._anchoring.consumed(anchor)
+
+    def anchor(self) -> Anchor | None:
+        """The anchor an output carries so that the trees behind this transaction end only
+        once it is consumed; None when nothing read here is tracked."""
+        return self._anchoring.anchor()
 
     def fail(self, envelope: Envelope, reason: str) -> None:
         self._acks.add(acks.fail(envelope.root_id, self._stage, reason))
@@ -137,17 +154,19 @@ class Batch(Generic[StoreT]):
     def seal(self) -> None:
         """Turn the buffered acker messages into one AckerBatch output per acker.acks
         partition. The loop calls this once the stage is done with the batch."""
+        self._anchoring.seal(self._acks)
         for partition, value in self._acks.seal():
             self.emit(self._acks_topic, value, partition=partition)
 
     def savepoint(self) -> Savepoint:
         state = {p: o.savepoint() for p, o in self._overlays.items()}
-        return Savepoint(len(self.outputs), len(self._acks), len(self.new_roots), state)
+        return Savepoint(len(self.outputs), len(self._acks), len(self.new_roots), len(self._anchoring), state)
 
     def rollback_to(self, savepoint: Savepoint) -> None:
         del self.outputs[savepoint.outputs :]
         del self.new_roots[savepoint.new_roots :]
         self._acks.truncate(savepoint.acks)
+        self._anchoring.truncate(savepoint.anchors)
         for partition, overlay in self._overlays.items():
             overlay.rollback_to(savepoint.state.get(partition, 0))
 

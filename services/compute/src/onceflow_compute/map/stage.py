@@ -4,8 +4,9 @@ one partial aggregate per group key to compute.partials.<job> (keyed by job and 
 key's state has one owner whatever the input's key was); for a join, each side's rows to
 compute.partials.<job> keyed by join key; for a transform, result rows straight to compute.results. A
 windowed job's records pass the event-time gate first (eventtime.py, beside this file). The
-input's tuple trees end here: from this transaction on, the record's effect is durable in Kafka,
-and every later hop is a transaction too. The merge hop: onceflow_compute/merge/.
+input's tuple trees continue as one group of this transaction (``Batch.anchor_roots``): every
+output carries an anchor, and the trees complete once the sink has applied what came of them
+(docs/decisions/0016). The merge hop: onceflow_compute/merge/.
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ class MapStage:
         marks: dict[int, int] = {}
         if self.event_time is not None:
             frame, late, marks = self.event_time.split(frame, batch)
+        # Before any output: the anchors name the partitions holding these roots.
+        batch.anchor_roots(frame.envelopes)
         job_seconds: float | None = None
         emitted = 0
         if frame.table.num_rows:
@@ -89,8 +92,6 @@ class MapStage:
             emitted = self._emit(run.outputs, batch)
         if self.event_time is not None:
             self.event_time.emit_watermarks(batch, marks)
-        for envelope in frame.envelopes:
-            batch.ack(envelope)
         self._count_after_commit(batch, job_seconds, emitted, late)
         self._advance_watermarks_after_commit(batch, frame)
 
@@ -128,7 +129,7 @@ class MapStage:
         if isinstance(job, Transform):
             emitted = 0
             for key, row in transform_rows(job, outputs):
-                value = result_change(job.name, key, ResultChange.UPSERT, row)
+                value = result_change(job.name, key, ResultChange.UPSERT, row, batch.anchor())
                 batch.emit(self._results_topic, value, key=state_key(job.name, key))
                 emitted += 1
             return emitted
@@ -137,7 +138,9 @@ class MapStage:
         # Bisection may have split the batch: merge the parts' partials per key (and bucket) first.
         merged = merge_partials(job, outputs)
         for (key, bucket), partials in merged.items():
-            aggregate = PartialAggregate(job=job.name, key=key, partials=encode_json(partials), bucket_ms=bucket)
+            aggregate = PartialAggregate(
+                job=job.name, key=key, partials=encode_json(partials), bucket_ms=bucket, anchor=batch.anchor()
+            )
             # Keyed by the group key alone: all of a key's windows have one owner (sessions merge).
             batch.emit(self._partials_topic, aggregate.SerializeToString(), key=state_key(job.name, key))
         return len(merged)
@@ -149,7 +152,7 @@ class MapStage:
             for side, on, event_time, row in zip(*columns, strict=True):
                 key = job.join_key(on, job.window_of(event_time))
                 joined = JoinRow(side=side, row=row.encode(), event_time_ms=event_time)
-                value = PartialAggregate(job=job.name, key=key, join_row=joined)
+                value = PartialAggregate(job=job.name, key=key, join_row=joined, anchor=batch.anchor())
                 batch.emit(self._partials_topic, value.SerializeToString(), key=state_key(job.name, key))
                 emitted += 1
         return emitted

@@ -34,7 +34,7 @@ class MergeStage(MergeHop):
         for record in batch.records:
             savepoint = batch.savepoint()
             try:
-                key, values = self._decode(record)
+                key, values = self._decode(batch, record)
                 partition = partition_of(record)
                 state = batch.state(partition)
                 skey = state_key(job.name, key)
@@ -61,6 +61,7 @@ class MergeStage(MergeHop):
             changes += 1
         self.count_after_commit(batch, changes)
 
-    def _decode(self, record: Message) -> tuple[str, list[JSONValue]]:
+    def _decode(self, batch: Batch[MemoryStore], record: Message) -> tuple[str, list[JSONValue]]:
         partial = PartialAggregate.FromString(record.value() or b"")  # the job's own topic: its partials only
+        self.consumed(batch, partial)
         return partial.key, decode_partials(self.job, partial)

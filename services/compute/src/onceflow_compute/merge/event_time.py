@@ -151,6 +151,7 @@ class KeyedEventTimeMerge(MergeHop, Generic[S]):
             reported = touched.setdefault(partition, set())
             try:
                 partial = PartialAggregate.FromString(record.value() or b"")
+                self.consumed(batch, partial)
                 if partial.HasField("watermark"):
                     self.sources.note(partition, partial.watermark, reported)
                     continue

@@ -1,11 +1,13 @@
 """What every merge-hop stage shares (stage ``compute-merge``, stateful, no engine: a plain
 aggregation's in aggregation.py, a windowed one's in windowed.py, a join's in joined.py): the
-job, where its result changes go and how they are keyed, and counting them once committed."""
+job, where its result changes go and how they are keyed, the anchors that carry each partial's
+tuple trees on to the result changes (docs/decisions/0016), and counting them once committed."""
 
 from __future__ import annotations
 
 from onceflow.state.store import MemoryStore
 from onceflow.txn.batch import Batch
+from onceflow.v1.compute_pb2 import PartialAggregate
 from onceflow.v1.results_pb2 import ResultChange
 
 from onceflow_compute import stats
@@ -21,10 +23,17 @@ class MergeHop:
         self.results_topic = results_topic
         self.counts = counts
 
+    @staticmethod
+    def consumed(batch: Batch[MemoryStore], partial: PartialAggregate) -> None:
+        """Call once per decoded partial, before it can fail: merged or dead-lettered, its trees
+        go on with this batch's result changes (or end here, if it emits none)."""
+        if partial.HasField("anchor"):
+            batch.consumed(partial.anchor)
+
     def emit_change(self, batch: Batch[MemoryStore], result_key: str, op: ResultChange.Op, row: dict[str, JSONValue]) -> None:
         # Keyed by the result row: compute.results is compacted per row (the sink rebuilds a table
         # from it), and a row's changes stay in order on one results partition.
-        value = result_change(self.job.name, result_key, op, row)
+        value = result_change(self.job.name, result_key, op, row, batch.anchor())
         batch.emit(self.results_topic, value, key=state_key(self.job.name, result_key))
 
     def count_after_commit(self, batch: Batch[MemoryStore], changes: int) -> None:
