@@ -7,8 +7,12 @@ twice in one run, each on a topic prefix of its own:
   hop 200 ms), which is how the hops batched before ``ONCEFLOW_LOOP_LINGER_MS``;
 - **default**: the shipped settings (5 ms, the map hop 20 ms).
 
-Each record has a user of its own, so its row appears exactly when it was applied. Reported per
-setting: p50 and p99 of send -> visible and of ingest's reply, and default ÷ baseline.
+Each record has a user of its own, so its row appears exactly when it was applied. After each
+one, a second record is sent with ``wait=PROCESSED`` (the acker's view: its tree completes once
+its row is in Redis, docs/decisions/0016), and its row is read the moment the reply arrives.
+Reported per setting: p50 and p99 of send -> visible, of ingest's reply, and of send ->
+PROCESSED; how many PROCESSED replies found their row already there (all of them, or the tree
+ended early); and default ÷ baseline.
 
 Run: .venv/bin/python bench/visibility_latency.py [--records 40] [--gap-ms 300] [--json]
 """
@@ -58,15 +62,19 @@ def _measure(name: str, records: int, gap_s: float) -> dict[str, float]:
         supervisor.start_all()
         ingest = ingest_pb2_grpc.IngestStub(grpc.insecure_channel(supervisor.address("ingest")))
         query = sink_pb2_grpc.QueryStub(grpc.insecure_channel(supervisor.address("sink")))
-        visible, replies = [], []
+        visible, replies, processed = [], [], []
+        visible_at_processed = 0
+
+        def record(record_id: str) -> ingest_pb2.IngestRecord:
+            user = f"u{record_id}"
+            return ingest_pb2.IngestRecord(
+                record_id=record_id.encode(), key=user.encode(), payload=json.dumps({"user": user, "amount": 1}).encode()
+            )
+
         for index in range(-5, records):  # five to warm up (first Spark job, first commits)
             user = f"u{prefix}{index + 5}"
-            record = ingest_pb2.IngestRecord(
-                record_id=f"{prefix}{index + 5}".encode(), key=user.encode(),
-                payload=json.dumps({"user": user, "amount": 1}).encode(),
-            )
             sent = time.perf_counter()
-            ingest.Ingest(ingest_pb2.IngestRequest(records=[record]), timeout=30)
+            ingest.Ingest(ingest_pb2.IngestRequest(records=[record(f"{prefix}{index + 5}")]), timeout=30)
             replied = time.perf_counter()
             deadline = sent + 60
             while not query.Get(sink_pb2.GetRowRequest(job=usersum.JOB, key=user), timeout=10).found:
@@ -77,10 +85,21 @@ def _measure(name: str, records: int, gap_s: float) -> dict[str, float]:
                 visible.append((time.perf_counter() - sent) * 1000)
                 replies.append((replied - sent) * 1000)
             time.sleep(gap_s)  # idle between records: each meets a quiet pipeline
-        console.print(f"{name}: visible p50 {statistics.median(visible):.0f} ms")
+            waited_id = f"{prefix}p{index + 5}"
+            sent = time.perf_counter()
+            ingest.Ingest(ingest_pb2.IngestRequest(records=[record(waited_id)], wait=ingest_pb2.WAIT_FOR_PROCESSED), timeout=60)
+            done = time.perf_counter()
+            found = query.Get(sink_pb2.GetRowRequest(job=usersum.JOB, key=f"u{waited_id}"), timeout=10).found
+            if index >= 0:
+                processed.append((done - sent) * 1000)
+                visible_at_processed += found
+            time.sleep(gap_s)
+        console.print(f"{name}: visible p50 {statistics.median(visible):.0f} ms, processed p50 {statistics.median(processed):.0f} ms")
         return {
             "visible_p50_ms": statistics.median(visible), "visible_p99_ms": percentile(visible, 99),
             "reply_p50_ms": statistics.median(replies), "reply_p99_ms": percentile(replies, 99),
+            "processed_p50_ms": statistics.median(processed), "processed_p99_ms": percentile(processed, 99),
+            "visible_at_processed": float(visible_at_processed), "records": float(records),
         }
     finally:
         supervisor.stop_all()
@@ -102,8 +121,13 @@ def main(
     for key, label in (
         ("visible_p50_ms", "visible p50, ms"), ("visible_p99_ms", "visible p99, ms"),
         ("reply_p50_ms", "ingest reply p50, ms"), ("reply_p99_ms", "ingest reply p99, ms"),
+        ("processed_p50_ms", "send -> PROCESSED p50, ms"), ("processed_p99_ms", "send -> PROCESSED p99, ms"),
     ):
         table.add_row(label, f"{base[key]:.0f}", f"{new[key]:.0f}", f"{new[key] / base[key]:.2f}")
+    table.add_row(
+        "row there at the PROCESSED reply", f"{base['visible_at_processed']:.0f} of {records}",
+        f"{new['visible_at_processed']:.0f} of {records}", "",
+    )
     console.print(table)
     if as_json:
         print(json.dumps(results, indent=2))

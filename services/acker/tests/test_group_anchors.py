@@ -210,3 +210,23 @@ def test_a_rolled_back_output_gives_its_anchor_back() -> None:
     assert kept is not None and group == kept.edge_id  # only the kept output's edge
     upstream = [m for m in messages if m.kind == AckerMessage.ACK]
     assert len(upstream) == 2 and {m.xor_value for m in upstream} == {11 ^ kept.group_id}
+
+
+def test_a_group_waits_as_long_as_the_trees_it_continues() -> None:
+    acker = Acker(1)  # the acker's own default: 60 s
+    envelope = Envelope(root_id=new_id(), edge_id=new_id(), record_id="r")
+    inits = acks.AckBuffer(1)
+    inits.add(acks.init(envelope.root_id, [envelope.edge_id], RecordRef(record_id="r"), 1, 600_000))
+    acker.read(inits.seal())
+    mapped = hop(1, "compute")
+    mapped.anchor_roots([envelope])
+    partial = mapped.anchor()
+    acker.read(sealed(mapped))
+    merged = hop(1, "compute-merge")
+    assert partial is not None
+    merged.consumed(partial)
+    merged.anchor()
+    acker.read(sealed(merged))
+    stored = {int.from_bytes(k, "big"): Tree.decode(v) for k, v in acker.stores[0].items()}
+    root = stored.pop(envelope.root_id)
+    assert len(stored) == 2 and all(t.group and t.deadline_ms == root.deadline_ms for t in stored.values())

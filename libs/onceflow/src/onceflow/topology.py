@@ -109,10 +109,11 @@ COMPUTE_MAP = Hop(
     Topic.COMPUTE_EVENTTIME,
 )
 COMPUTE_MERGE = Hop(
-    "compute", "onceflow-compute-{job}-merge", Topic.COMPUTE_PARTIALS, (Topic.COMPUTE_RESULTS,), Topic.COMPUTE_DLQ,
-    Topic.COMPUTE_CHANGELOG,
+    "compute", "onceflow-compute-{job}-merge", Topic.COMPUTE_PARTIALS, (Topic.COMPUTE_RESULTS, Topic.ACKER_ACKS),
+    Topic.COMPUTE_DLQ, Topic.COMPUTE_CHANGELOG,
 )
-# The sink's main output is Redis; it acks the rows that carry a tree's edges.
+# The sink's main output is Redis; it acks the anchors of the changes it applied (trees end
+# there: docs/decisions/0016).
 SINK = Hop("sink", "onceflow-sink", Topic.COMPUTE_RESULTS, (Topic.ACKER_ACKS,), Topic.SINK_DLQ, offsets_in_kafka=False)
 
 # In the order a record meets them (the replayer and the acker close the loop back to ingest).

@@ -149,11 +149,24 @@ class AckerStage:
                     continue
                 if decision is None:
                     assert tree is not None  # apply() keeps a tree it has not decided
+                    if kind == AckerMessage.GROUP:
+                        tree.deadline_ms = max(tree.deadline_ms, self._members_deadline(state, tree.members))
                     state.put(key, tree.encode())
                 else:
                     state.delete(key)
                     self._decided(batch, state, root_id, decision, now, decisions)
         batch.after_commit.append(lambda: self.stats.record(acks, decisions))
+
+    @staticmethod
+    def _members_deadline(state: StateTransaction[MemoryStore], members: tuple[int, ...]) -> int:
+        """A group waits as long as the longest-lived member it continues: its trees (INIT's
+        timeout) or upstream groups (theirs), not only the acker's default."""
+        latest = 0
+        for member in members:
+            raw = state.get(root_key(member))
+            if raw is not None:
+                latest = max(latest, _DEADLINE.unpack_from(raw, _DEADLINE_AT)[0])
+        return latest
 
     def _decided(
         self, batch: Batch[MemoryStore], state: StateTransaction[MemoryStore], node_id: int, decision: Decision, now: int,

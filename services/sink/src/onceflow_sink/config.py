@@ -36,7 +36,8 @@ class SinkSettings(BaseSettings):
     instance: str = instance_setting(topology.SINK_SERVICE)
     acking: bool = Field(
         default=True,
-        description="Ack the applied changes' edges to the acker (off when nothing tracks the trees).",
+        description="Ack the applied changes' anchors to the acker, which ends their trees (off when nothing tracks the "
+        "trees).",
     )
 
     @property

@@ -244,9 +244,16 @@ def check(
     aborted_edges = ingest_aborted.edges | gate_aborted.edges
     read_aborted = [f"dedup.records: {e.record_id} of aborted root {e.root_id}" for e in passed if e.root_id in ingest_aborted.roots]
     for record in read[Topic.ACKER_ACKS]:
-        for message in AckerBatch.FromString(record.value).messages:
-            if message.kind == AckerMessage.ACK and message.xor_value in aborted_edges:
-                read_aborted.append(f"acker.acks: {message.stage} acked the aborted edge {message.xor_value}")
+        messages = AckerBatch.FromString(record.value).messages
+        # A hop that anchors its outputs acks each input as its edge XOR its group's id, and the
+        # group's GROUP message shares the record (the group lives on its roots' partitions).
+        groups = [0, *(m.root_id for m in messages if m.kind == AckerMessage.GROUP)]
+        for message in messages:
+            if message.kind != AckerMessage.ACK:
+                continue
+            edge = next((message.xor_value ^ g for g in groups if message.xor_value ^ g in aborted_edges), None)
+            if edge is not None:
+                read_aborted.append(f"acker.acks: {message.stage} acked the aborted edge {edge}")
 
     completed = {
         event.origin.record_id
