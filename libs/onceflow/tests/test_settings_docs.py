@@ -78,7 +78,7 @@ def _tampered_sink_page() -> tuple[str, str]:
     """The sink page, and a copy with a default and a description edited by hand."""
     text = page("sink").read_text()
     tampered = text.replace("| `ONCEFLOW_SINK_PORT` | `15055` |", "| `ONCEFLOW_SINK_PORT` | `15056` |", 1)
-    tampered = tampered.replace("Ack the applied changes' edges", "Ack the edges", 1)
+    tampered = tampered.replace("Ack the applied changes' anchors", "Ack the edges", 1)
     assert tampered.count("`15056`") == 1 and "Ack the edges" in tampered
     return text, tampered
 

@@ -113,9 +113,15 @@ class ResultsTail:
         return self._at_end >= set(self.partitions)
 
     def poll(self, timeout_s: float = 1.0, most: int = 1000) -> list[Change]:
-        """The changes (of this job) that arrived within ``timeout_s``, folded into ``table``."""
+        """The changes (of this job) that arrived, folded into ``table``: waits up to
+        ``timeout_s`` for a first one, then takes up to ``most`` of those already fetched
+        (``consume(most, timeout)`` alone would hold a quiet topic's change back until the
+        timeout)."""
         changes = []
-        for message in self._consumer.consume(num_messages=most, timeout=timeout_s):
+        messages = self._consumer.consume(num_messages=1, timeout=timeout_s)
+        if messages and most > 1:
+            messages += self._consumer.consume(num_messages=most - 1, timeout=0)
+        for message in messages:
             error = message.error()
             if error is not None:
                 if error.code() == _kafka().KafkaError._PARTITION_EOF:

@@ -42,7 +42,7 @@ class EventWatcher:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            for message in self._consumer.consume(num_messages=1000, timeout=0.2):
+            for message in clients.consume_ready(self._consumer, 1000, 0.2):
                 if message.error() is not None:
                     log.warning("acker.events: %s", message.error())
                     continue

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, Message, Producer
 from confluent_kafka.admin import AdminClient
 
 from onceflow.config import CommonSettings
@@ -59,6 +59,17 @@ def reader(common: CommonSettings, **overrides: Any) -> Consumer:
         group_id="onceflow-reader",
         **{"enable.partition.eof": True, "fetch.wait.max.ms": 50, **overrides},
     )
+
+
+def consume_ready(consumer: Consumer, most: int, timeout_s: float) -> list[Message]:
+    """Up to ``most`` messages: waits up to ``timeout_s`` for a first one, then takes only what
+    the consumer already holds. ``consume(most, timeout)`` itself waits until it has ``most`` or
+    the timeout passes, which held every idle stream's next message back by the whole timeout
+    (ingest's PROCESSED replies waited up to 200 ms for it)."""
+    first = consumer.consume(num_messages=1, timeout=timeout_s)
+    if not first or most <= 1:
+        return first
+    return first + consumer.consume(num_messages=most - 1, timeout=0)
 
 
 def transactional_producer(common: CommonSettings, transactional_id: str, **overrides: Any) -> Producer:

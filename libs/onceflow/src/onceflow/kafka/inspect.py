@@ -180,7 +180,7 @@ def _read(
         while pending:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"reading {topic}: partitions {sorted(pending)} did not reach their end")
-            for message in reader.consume(num_messages=10_000, timeout=0.05):
+            for message in clients.consume_ready(reader, 10_000, 0.05):
                 error = message.error()
                 if error is not None:
                     if error.code() == KafkaError._PARTITION_EOF:

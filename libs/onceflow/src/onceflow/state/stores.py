@@ -192,7 +192,7 @@ class PartitionStores(Generic[StoreT]):
                 # pays one round trip per chunk, not per record. Later records win, as in order.
                 changes: dict[int, dict[bytes, bytes | None]] = {}
                 next_offsets: dict[int, int] = {}
-                for message in reader.consume(num_messages=10_000, timeout=0.5):
+                for message in clients.consume_ready(reader, 10_000, 0.5):
                     progressed = time.monotonic()
                     error = message.error()
                     if error is not None:
