@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from onceflow import acks
-from onceflow.codec import new_id
+from onceflow.codec import new_id, now_ms
 from onceflow.state.store import MemoryStore
 from onceflow.txn.batch import Batch
 from onceflow.v1.acker_pb2 import AckerBatch, AckerMessage, Anchor, RecordRef, TreeEvent
@@ -74,6 +74,16 @@ class Acker:
         assert all(e.outcome == TreeEvent.COMPLETED for e in done)
         self.completed += [e.root_id for e in done]
         return {e.root_id for e in done}
+
+    def sweep(self, at_ms: int) -> list[tuple[int, int]]:
+        """The timeout sweep as of ``at_ms``: (root, outcome) of the events it wrote."""
+        batch: Batch[MemoryStore] = Batch([], self.stores, "acker.dlq", "acker")  # type: ignore[arg-type]
+        batch.now_ms = at_ms
+        self.stage.punctuate(batch)
+        for partition, overlay in batch.overlays.items():
+            self.stores[partition].apply(overlay.changes, None)
+        events = [TreeEvent.FromString(o.value or b"") for o in batch.outputs if o.topic == EVENTS]
+        return [(e.root_id, e.outcome) for e in events]
 
     def entries(self) -> int:
         return sum(len(store) for store in self.stores.values())
@@ -167,26 +177,36 @@ def test_a_root_completes_when_the_last_sink_batch_its_effect_reached_has_acked(
     assert acker.entries() == 0  # every group's copies are gone too
 
 
-def test_a_lost_sink_ack_leaves_its_trees_pending_until_they_time_out() -> None:
-    acker = Acker(2)
+def one_root_through_map_and_merge(acker: Acker, partitions: int, tree_timeout_ms: int) -> tuple[Envelope, Anchor]:
+    """A root's INIT, a map transaction with one partial, a merge transaction with one change
+    (the change's anchor is returned: the sink's to ack)."""
     envelope = Envelope(root_id=new_id(), edge_id=new_id(), record_id="r")
-    inits = acks.AckBuffer(2)
-    inits.add(acks.init(envelope.root_id, [envelope.edge_id], RecordRef(record_id="r"), 1, 60_000))
+    inits = acks.AckBuffer(partitions)
+    inits.add(acks.init(envelope.root_id, [envelope.edge_id], RecordRef(record_id="r"), 1, tree_timeout_ms))
     acker.read(inits.seal())
-    mapped = hop(2, "compute")
+    mapped = hop(partitions, "compute")
     mapped.anchor_roots([envelope])
     partial = mapped.anchor()
     acker.read(sealed(mapped))
-    merged = hop(2, "compute-merge")
+    merged = hop(partitions, "compute-merge")
     assert partial is not None
     merged.consumed(partial)
     change = merged.anchor()
-    assert change is not None and list(change.acker_partitions) == [0, 1]
+    assert change is not None
     acker.read(sealed(merged))
+    return envelope, change
+
+
+def test_a_lost_sink_ack_leaves_its_tree_pending_until_it_times_out() -> None:
+    acker = Acker(2)
+    envelope, change = one_root_through_map_and_merge(acker, 2, 60_000)
+    assert list(change.acker_partitions) == [0, 1]  # a merge group lives everywhere
     assert acker.completed == []
-    # The root's tree is listed pending; the groups are not trees.
+    # The root's tree is pending; the groups beside it are not trees.
     stored = [Tree.decode(v) for s in acker.stores.values() for _k, v in s.items()]
     assert sum(not t.group for t in stored) == 1 and sum(t.group for t in stored) >= 2
+    assert acker.sweep(at_ms=now_ms() + 61_000) == [(envelope.root_id, TreeEvent.TIMED_OUT)]
+    assert acker.entries() == 0  # the groups are dropped with it, without events
 
 
 def test_a_transaction_that_anchors_nothing_ends_its_members_trees() -> None:
@@ -214,19 +234,8 @@ def test_a_rolled_back_output_gives_its_anchor_back() -> None:
 
 def test_a_group_waits_as_long_as_the_trees_it_continues() -> None:
     acker = Acker(1)  # the acker's own default: 60 s
-    envelope = Envelope(root_id=new_id(), edge_id=new_id(), record_id="r")
-    inits = acks.AckBuffer(1)
-    inits.add(acks.init(envelope.root_id, [envelope.edge_id], RecordRef(record_id="r"), 1, 600_000))
-    acker.read(inits.seal())
-    mapped = hop(1, "compute")
-    mapped.anchor_roots([envelope])
-    partial = mapped.anchor()
-    acker.read(sealed(mapped))
-    merged = hop(1, "compute-merge")
-    assert partial is not None
-    merged.consumed(partial)
-    merged.anchor()
-    acker.read(sealed(merged))
+    envelope, _change = one_root_through_map_and_merge(acker, 1, 600_000)
     stored = {int.from_bytes(k, "big"): Tree.decode(v) for k, v in acker.stores[0].items()}
     root = stored.pop(envelope.root_id)
     assert len(stored) == 2 and all(t.group and t.deadline_ms == root.deadline_ms for t in stored.values())
+    assert acker.sweep(at_ms=now_ms() + 120_000) == []  # past the acker's default: all still wait
