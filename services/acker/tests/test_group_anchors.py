@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -239,3 +240,34 @@ def test_a_group_waits_as_long_as_the_trees_it_continues() -> None:
     root = stored.pop(envelope.root_id)
     assert len(stored) == 2 and all(t.group and t.deadline_ms == root.deadline_ms for t in stored.values())
     assert acker.sweep(at_ms=now_ms() + 120_000) == []  # past the acker's default: all still wait
+
+
+def test_a_root_read_twice_in_one_transaction_still_waits_for_the_group() -> None:
+    acker = Acker(1)
+    envelope = Envelope(root_id=new_id(), edge_id=new_id(), record_id="r")
+    inits = acks.AckBuffer(1)
+    inits.add(acks.init(envelope.root_id, [envelope.edge_id], RecordRef(record_id="r"), 1, 60_000))
+    acker.read(inits.seal())
+    again = Envelope(root_id=envelope.root_id, edge_id=new_id(), record_id="r")
+    mapped = hop(1, "compute")
+    mapped.anchor_roots([envelope, again])
+    mapped.anchor()
+    # The copy's edge, as if an earlier hop had emitted it: only the group may be left.
+    mapped.ack(Envelope(root_id=envelope.root_id, edge_id=0), [again.edge_id])
+    assert acker.read(sealed(mapped)) == set()  # not before the group's output is consumed
+
+
+def test_an_anchor_this_acker_cannot_hold_is_refused_before_it_is_kept() -> None:
+    anchoring = acks.Anchoring(2, "compute-merge")
+    for bad in (
+        Anchor(group_id=1, edge_id=2, acker_partitions=[2]),
+        Anchor(group_id=0, edge_id=2, acker_partitions=[0]),
+        Anchor(group_id=1, edge_id=2),
+    ):
+        with pytest.raises(ValueError):
+            anchoring.consumed(bad)
+    assert not anchoring.has_members
+    anchoring.consumed(Anchor(group_id=1, edge_id=2, acker_partitions=[1, 1]))  # duplicates: one copy each
+    buffer = acks.AckBuffer(2)
+    anchoring.seal(buffer)
+    assert [p for p, _v in buffer.seal()] == [1]

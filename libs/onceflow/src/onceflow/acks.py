@@ -116,6 +116,18 @@ class AckBuffer:
         return [(p, AckerBatch(messages=msgs).SerializeToString()) for p, msgs in sorted(grouped.items())]
 
 
+def check_anchor(anchor: Anchor, partitions: int) -> tuple[int, ...]:
+    """The anchor's acker.acks partitions, distinct; ValueError for an anchor that names no
+    group or no partition, or a partition this acker.acks does not have (written for more
+    partitions than there are, or corrupt)."""
+    where = tuple(sorted(set(anchor.acker_partitions)))
+    if not anchor.group_id or not anchor.edge_id or not where:
+        raise ValueError(f"anchor without a group, an edge or a partition: {anchor}")
+    if where[-1] >= partitions:
+        raise ValueError(f"anchor names acker.acks partition {where[-1]}, which has {partitions} partitions")
+    return where
+
+
 class Anchoring:
     """One transaction's group (docs/decisions/0016): what its outputs came from, and the anchors
     they carry.
@@ -155,14 +167,21 @@ class Anchoring:
         del self._edges[length:]
 
     def roots(self, envelopes: Iterable[Envelope]) -> None:
-        """These inputs' trees continue as this transaction's outputs (or end here, if none)."""
-        self._roots.extend(envelopes)
+        """These inputs' trees continue as this transaction's outputs (or end here, if none).
+        Envelopes without a root (acking off) are left out."""
+        added = [e for e in envelopes if e.root_id]
+        if self._where is not None and any(e.root_id % self.partitions not in self._where for e in added):
+            raise RuntimeError("roots added after the first anchor must live where the group already does")
+        self._roots.extend(added)
 
     def consumed(self, anchor: Anchor) -> None:
-        """An anchored output was consumed: its edge is acked at ``seal``."""
+        """An anchored output was consumed: its edge is acked at ``seal``. ValueError, before
+        anything is kept, for an anchor this acker.acks cannot hold (the caller dead-letters
+        the record: a poison anchor must not fail the whole transaction at ``seal``)."""
+        where = check_anchor(anchor, self.partitions)
         if self._where is not None and self._where != self._everywhere():
             raise RuntimeError("a group anchored to its roots' partitions cannot take upstream groups afterwards")
-        edges, where = self._upstream.get(anchor.group_id, (0, tuple(anchor.acker_partitions)))
+        edges, _where = self._upstream.get(anchor.group_id, (0, where))
         self._upstream[anchor.group_id] = (edges ^ anchor.edge_id, where)
 
     def anchor(self) -> Anchor | None:
@@ -170,8 +189,8 @@ class Anchoring:
         if self._where is None:
             if self._upstream:
                 self._where = self._everywhere()
-            elif any(e.root_id for e in self._roots):
-                self._where = tuple(sorted({e.root_id % self.partitions for e in self._roots if e.root_id}))
+            elif self._roots:
+                self._where = tuple(sorted({e.root_id % self.partitions for e in self._roots}))
             else:
                 return None
         edge = new_id()
@@ -182,8 +201,13 @@ class Anchoring:
         """The members' acks and the group's GROUP messages, into ``buffer``."""
         stage, group_id = self._stage, self.group_id
         child = (group_id,) if self._edges else ()
+        continued: set[int] = set()
         for envelope in self._roots:
-            buffer.add(ack(envelope.root_id, envelope.edge_id, child, stage))
+            # A root read twice in one transaction gets the group as its child once: twice
+            # would XOR it out of the tree, which would then complete before the group.
+            first = envelope.root_id not in continued
+            continued.add(envelope.root_id)
+            buffer.add(ack(envelope.root_id, envelope.edge_id, child if first else (), stage))
         for upstream, (edges, where) in self._upstream.items():
             message = AckerMessage(
                 kind=AckerMessage.ACK, root_id=upstream, xor_value=edges ^ (group_id if child else 0), stage=stage,
@@ -195,7 +219,7 @@ class Anchoring:
             assert self._where is not None  # set by the first anchor
             edges = xor_all(self._edges)
             for partition in self._where:
-                members = [e.root_id for e in self._roots if e.root_id and e.root_id % self.partitions == partition]
+                members = [root for root in continued if root % self.partitions == partition]
                 members += [upstream for upstream, (_, where) in self._upstream.items() if partition in where]
                 buffer.add(group(group_id, edges, members, stage), partition)
         self._roots, self._upstream, self._edges = [], {}, []

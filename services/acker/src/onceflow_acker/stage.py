@@ -108,11 +108,13 @@ class AckerStage:
         self.stats = stats
         self._event = TreeEvent()
         self._clock = SweepClock()
+        self._groups_completed = 0  # in the batch being processed
 
     def process(self, batch: Batch[MemoryStore]) -> None:
         now = batch.now_ms
         decisions: list[tuple[Outcome, int]] = []
         acks = 0
+        self._groups_completed = 0
         ack_kind, init_kind = AckerMessage.ACK, AckerMessage.INIT
         for record in batch.records:
             try:
@@ -155,6 +157,9 @@ class AckerStage:
                 else:
                     state.delete(key)
                     self._decided(batch, state, root_id, decision, now, decisions)
+        if self._groups_completed:
+            completed, self._groups_completed = self._groups_completed, 0
+            batch.after_commit.append(lambda: GROUPS.labels("completed").inc(completed))
         batch.after_commit.append(lambda: self.stats.record(acks, decisions))
 
     @staticmethod
@@ -180,7 +185,7 @@ class AckerStage:
         completed = [(node_id, decision.tree.members)]
         while completed:
             group_id, members = completed.pop()
-            GROUPS.labels("completed").inc()
+            self._groups_completed += 1
             for member in members:
                 key = root_key(member)
                 raw = state.get(key)
@@ -238,14 +243,14 @@ class AckerStage:
                 state.delete(key)
                 if tree.group:
                     # Its members time out on their own (and are replayed); nothing to emit.
-                    GROUPS.labels("timed_out").inc()
                     expired_groups += 1
                 else:
                     decisions.append(self._emit(batch, int.from_bytes(key, "big"), decision, batch.now_ms))
         if decisions:
             batch.after_commit.append(lambda: self.stats.record(0, decisions))
         if expired_groups:
-            log.warning("%d groups timed out: their trees time out too and are replayed", expired_groups)
+            batch.after_commit.append(lambda: GROUPS.labels("timed_out").inc(expired_groups))
+            log.warning("%d group copies timed out (acks lost on the way, e.g. a sink crash): their trees time out on their own", expired_groups)
         if orphans:
             log.info("dropped %d expired entries of acks whose tree had no INIT (late acks of decided trees)", orphans)
 

@@ -262,11 +262,11 @@ class SinkWorker(ConsumerDriver):
         buffer = acks.AckBuffer(self.ack_partitions)
         anchoring = acks.Anchoring(self.ack_partitions, "sink")
         for anchor in anchors:
-            if not anchor.group_id or any(p >= self.ack_partitions for p in anchor.acker_partitions):
-                # Not ours to trust: the change is applied; its trees time out and are replayed.
-                log.warning("sink: partition %d: ignoring an anchor that names no group or no acker partition: %s", partition, anchor)
-                continue
-            anchoring.consumed(anchor)
+            try:
+                anchoring.consumed(anchor)
+            except ValueError as exc:
+                # The change is applied; its trees time out and their replays are settled.
+                log.warning("sink: partition %d: an anchor is ignored: %s", partition, exc)
         anchoring.seal(buffer)  # no outputs: the groups' edges acked, nothing continues
         sealed = buffer.seal()
         if not sealed:
@@ -313,7 +313,11 @@ class SinkWorker(ConsumerDriver):
             return  # stopping
         for tp, kafka in zip(partitions, committed, strict=True):
             token, applied = self._take_ownership(tp.partition)
-            self.owned[tp.partition] = Ownership(token, applied, letters_done=max(kafka.offset, 0))
+            # Below Kafka's committed offset every change was acked (the ack transaction commits
+            # it): a Redis that went back makes this owner apply those again, not ack them again.
+            self.owned[tp.partition] = Ownership(
+                token, applied, letters_done=max(kafka.offset, 0), replay_until=max(kafka.offset - 1, -1)
+            )
             # Redis says what was applied; Kafka's committed offset is only a hint.
             tp.offset = applied + 1 if applied >= 0 else OFFSET_BEGINNING
             log.info("sink: partition %d: token %d, resuming after offset %d", tp.partition, token, applied)

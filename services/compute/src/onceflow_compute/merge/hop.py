@@ -5,6 +5,8 @@ tuple trees on to the result changes (docs/decisions/0016), and counting them on
 
 from __future__ import annotations
 
+import logging
+
 from onceflow.state.store import MemoryStore
 from onceflow.txn.batch import Batch
 from onceflow.v1.compute_pb2 import PartialAggregate
@@ -13,6 +15,8 @@ from onceflow.v1.results_pb2 import ResultChange
 from onceflow_compute import stats
 from onceflow_compute.api import Job, JSONValue
 from onceflow_compute.results import result_change, state_key
+
+log = logging.getLogger(__name__)
 
 
 class MergeHop:
@@ -26,9 +30,14 @@ class MergeHop:
     @staticmethod
     def consumed(batch: Batch[MemoryStore], partial: PartialAggregate) -> None:
         """Call once per decoded partial, before it can fail: merged or dead-lettered, its trees
-        go on with this batch's result changes (or end here, if it emits none)."""
+        go on with this batch's result changes (or end here, if it emits none). An anchor this
+        acker.acks cannot hold (written for more partitions than it has) is dropped, not the
+        partial: its trees time out and their replays are settled at the gate."""
         if partial.HasField("anchor"):
-            batch.consumed(partial.anchor)
+            try:
+                batch.consumed(partial.anchor)
+            except ValueError as exc:
+                log.warning("partial for %r: its anchor is ignored: %s", partial.key, exc)
 
     def emit_change(self, batch: Batch[MemoryStore], result_key: str, op: ResultChange.Op, row: dict[str, JSONValue]) -> None:
         # Keyed by the result row: compute.results is compacted per row (the sink rebuilds a table
