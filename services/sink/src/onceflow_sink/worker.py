@@ -313,11 +313,7 @@ class SinkWorker(ConsumerDriver):
             return  # stopping
         for tp, kafka in zip(partitions, committed, strict=True):
             token, applied = self._take_ownership(tp.partition)
-            # Below Kafka's committed offset every change was acked (the ack transaction commits
-            # it): a Redis that went back makes this owner apply those again, not ack them again.
-            self.owned[tp.partition] = Ownership(
-                token, applied, letters_done=max(kafka.offset, 0), replay_until=max(kafka.offset - 1, -1)
-            )
+            self.owned[tp.partition] = Ownership(token, applied, letters_done=max(kafka.offset, 0))
             # Redis says what was applied; Kafka's committed offset is only a hint.
             tp.offset = applied + 1 if applied >= 0 else OFFSET_BEGINNING
             log.info("sink: partition %d: token %d, resuming after offset %d", tp.partition, token, applied)
