@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from onceflow import faults, metrics, spout
 from onceflow.config import CommonSettings
 from onceflow.spout import NewRecord
+from onceflow.txn.batching import Batcher, BatchPolicy
 from onceflow.txn.errors import FencedError
 from onceflow.txn.producer import TxnOutcome, open_producer
 
@@ -76,14 +77,20 @@ class GroupCommitter:
         transactional_id: str,
         max_pending: int,
         max_transaction_records: int,
+        linger_ms: int = 0,
         call_timeout_s: float = 30.0,
         acking: Acking | None = None,
     ) -> None:
         self._topic = topic
         self._acking = acking
         self._max_pending = max_pending
-        self._max_txn = max_transaction_records
         self._queue: queue.Queue[Submission] = queue.Queue()
+        # The shared batching policy; a call's records are never split over transactions.
+        self._batcher: Batcher[Submission] = Batcher(
+            BatchPolicy(max_items=max_transaction_records, first_wait_s=0.1, linger_s=linger_ms / 1000),
+            self._take,
+            size=lambda submission: len(submission.records),
+        )
         self._pending = 0
         self._lock = threading.Lock()
         self._space = threading.Condition(self._lock)
@@ -143,24 +150,31 @@ class GroupCommitter:
 
     def _serve(self) -> None:
         while True:
-            try:
-                first = self._queue.get(timeout=0.1)
-            except queue.Empty:
+            group = self._batcher.gather()
+            if not group:
                 if self._closing.is_set():
                     return
                 continue
-            group, count = [first], len(first.records)
-            while count < self._max_txn:
-                try:
-                    nxt = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                group.append(nxt)
-                count += len(nxt.records)
-            self._commit(group, count)
+            self._commit(group, sum(len(submission.records) for submission in group))
             if self.fenced.is_set():
                 self._fail_queued(NotCommitted("this ingest instance was fenced by a newer one"))
                 return
+
+    def _take(self, limit: int, timeout_s: float) -> list[Submission]:
+        """Up to ``limit`` records' worth of queued calls, waiting up to ``timeout_s`` for them
+        (the batcher's `Take`). A call that crosses the limit still goes whole."""
+        taken: list[Submission] = []
+        count = 0
+        deadline = time.monotonic() + timeout_s
+        while count < limit:
+            remaining = deadline - time.monotonic()
+            try:
+                submission = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
+            except queue.Empty:
+                break
+            taken.append(submission)
+            count += len(submission.records)
+        return taken
 
     def _commit(self, group: list[Submission], count: int) -> None:
         started = time.monotonic()

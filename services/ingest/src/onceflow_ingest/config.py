@@ -78,6 +78,13 @@ class IngestSettings(BaseSettings):
         ge=1,
         description="Group commit: one transaction carries what concurrent callers sent, up to this many records.",
     )
+    linger_ms: int = Field(
+        default=0,
+        ge=0,
+        description="Group commit, after a first call: how long to wait for more before committing (the shared "
+        "batching policy, docs/architecture.md). 0: a transaction takes what queued during the last commit; callers "
+        "wait for their commit, so concurrent calls make the batches.",
+    )
     retry_after_ms: int = Field(
         default=200,
         ge=1,

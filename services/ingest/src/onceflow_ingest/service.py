@@ -83,6 +83,7 @@ class IngestService:
             transactional_id=settings.transactional_id,
             max_pending=settings.max_pending,
             max_transaction_records=settings.max_transaction_records,
+            linger_ms=settings.linger_ms,
             acking=acking,
         )
         self.servicer = IngestServicer(settings, self.committer)

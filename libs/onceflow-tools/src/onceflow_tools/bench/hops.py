@@ -11,7 +11,9 @@ Kafka Streams' JVM starts cold but its group join is not timed either."""
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -54,6 +56,9 @@ class HopOptions:
     quix_commit_interval_s: float = 1.0
     kstreams_commit_interval_s: float = KSTREAMS_DEFAULT_COMMIT_INTERVAL_S
     log_dir: Path = Path(".")
+    # With it, onceflow's hop processes are sampled by py-spy over the timed backlog, one flame
+    # graph each (<dir>/<service>.svg); the sampling itself costs the hop a little CPU.
+    profile_dir: Path | None = None
 
 
 def transaction_sizes(options: HopOptions) -> dict[str, str]:
@@ -134,11 +139,35 @@ def _run_service(
             backlog("bench", options.records)
             admin.Resume(admin_pb2.ResumeRequest(), metadata=token, timeout=30)
         total = options.warm_up_records + options.records
-        return time_backlog(watch, total, process.alive, finished, after=options.warm_up_records)
+        with _profiled(process, options.profile_dir, name):
+            return time_backlog(watch, total, process.alive, finished, after=options.warm_up_records)
     finally:
         watch.close()
         if process.alive():
             process.terminate(60)
+
+
+@contextmanager
+def _profiled(process: ServiceProcess, profile_dir: Path | None, name: str) -> Iterator[None]:
+    """py-spy samples ``process`` (its Python threads, idle ones left out) while the block runs."""
+    if profile_dir is None:
+        yield
+        return
+    profile_dir.mkdir(parents=True, exist_ok=True)
+    py_spy = str(Path(sys.executable).with_name("py-spy"))
+    sampler = subprocess.Popen(
+        [py_spy, "record", "--pid", str(process.pid), "--rate", "200", "--nonblocking",
+         "--format", "flamegraph", "--output", str(profile_dir / f"{name}.svg")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        yield
+    finally:
+        sampler.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+        try:
+            sampler.wait(60)
+        except subprocess.TimeoutExpired:
+            sampler.kill()
 
 
 def _peer_records(options: HopOptions, keyed_by_record_id: bool) -> Iterator[tuple[bytes, bytes]]:

@@ -39,6 +39,9 @@ def bench(
         "and tuned side by side: quix-dedup@5,quix-dedup@1 (Quix's default is 5 s, Kafka Streams' 0.1 s).",
     ),
     output: Path = typer.Option(Path("bench/results"), help="Folder for onceflow-bench.json and onceflow-bench.png."),
+    profile: Path | None = typer.Option(
+        None, help="Sample onceflow's hops with py-spy over their timed backlog: one flame graph per hop (<dir>/<hop>.svg).",
+    ),
 ) -> None:
     """Throughput and latency of the pipeline against its at-least-once mode and its peers."""
     console = Console(width=max(Console().width, 110))
@@ -91,7 +94,7 @@ def bench(
     if "hops" in chosen:
         hop_options = hops.HopOptions(
             records=records, warm_up_records=hop_warm_up, users=users, quix_commit_interval_s=quix_commit_interval,
-            kstreams_commit_interval_s=kstreams_commit_interval, log_dir=log_dir,
+            kstreams_commit_interval_s=kstreams_commit_interval, log_dir=log_dir, profile_dir=profile,
         )
         report.hop_transactions = {name: hops.describe_transaction(name, hop_options) for name in contenders}
         for name in contenders:

@@ -36,6 +36,7 @@ from onceflow.config import CommonSettings, LoopSettings
 from onceflow.kafka import clients
 from onceflow.kafka.inspect import wait_partition_count
 from onceflow.topology import Topic
+from onceflow.txn.batching import Batcher, BatchPolicy
 from onceflow.txn.errors import EXIT_FENCED, EXIT_OK, EXIT_RESTART, ConsumerStuck, FencedError
 from onceflow.txn.membership import MembershipWatch, watch_membership
 from onceflow.txn.offsets import committed_offsets
@@ -167,8 +168,10 @@ class ConsumerDriver:
         self._consumer: Consumer | None = None
         self.acks_topic = common.topic(Topic.ACKER_ACKS)
         self.ack_partitions = 1
-        self._batch_bound = settings.min_batch_records or settings.max_batch_records
-        self.stats.batch_bound = self._batch_bound
+        self._batcher: Batcher[Message] = Batcher(
+            BatchPolicy.of_loop(settings), lambda limit, timeout: self.consumer.consume(num_messages=limit, timeout=timeout)
+        )
+        self.stats.batch_bound = self._batcher.bound
         # Told False when the hop cannot make progress (stage failing, store unavailable), True
         # once it does again: gRPC health.
         self.health_listener: Callable[[bool], None] = lambda _healthy: None
@@ -219,9 +222,8 @@ class ConsumerDriver:
 
     def halve_batch_bound(self) -> None:
         """After a failed batch, with an adaptive bound: a smaller retry is cheaper to pick apart."""
-        if self.settings.min_batch_records:
-            self._batch_bound = max(self.settings.min_batch_records, self._batch_bound // 2)
-            self.stats.batch_bound = self._batch_bound
+        self._batcher.halve()
+        self.stats.batch_bound = self._batcher.bound
 
     # -- hooks -----------------------------------------------------------------------------
 
@@ -292,39 +294,18 @@ class ConsumerDriver:
             self._close()
 
     def _poll(self) -> list[Message]:
-        """What the consumer has already fetched, at once; if nothing, wait up to max_batch_ms
-        for a first record; then up to linger_ms for more, to the batch bound. An idle hop so
-        takes a record as soon as it comes, and a busy one takes what came during its last
-        commit: the batch grows with the rate and amortises the transaction (group commit)."""
-        assert self._consumer is not None
-        consumer, bound = self._consumer, self._batch_bound
-        messages = consumer.consume(num_messages=bound, timeout=0)
-        if not messages:
-            messages = consumer.consume(num_messages=1, timeout=self.settings.max_batch_ms / 1000)
-        if messages and len(messages) < bound and self.settings.linger_ms:
-            messages += consumer.consume(num_messages=bound - len(messages), timeout=self.settings.linger_ms / 1000)
+        """One batch by the shared policy (`onceflow.txn.batching`): what is fetched at once,
+        else a wait for a first record, then a short linger for more."""
         records = []
-        for message in messages:
+        for message in self._batcher.gather():
             error = message.error()
             if error is None:
                 records.append(message)
             elif error.code() != KafkaError._PARTITION_EOF:
                 log.warning("consume: %s", error)
-        self._adapt_batch_bound(len(records))
+        self._batcher.adapt(len(records))
+        self.stats.batch_bound = self._batcher.bound
         return records
-
-    def _adapt_batch_bound(self, polled: int) -> None:
-        """Grow under load (a full batch: more was waiting), shrink when idle, so a hop with a
-        fixed cost per batch (a Spark job, a transaction) amortises it at high rates and stays
-        prompt at low. ONCEFLOW_LOOP_MIN_BATCH_RECORDS=0 keeps the bound at the maximum."""
-        low, high = self.settings.min_batch_records, self.settings.max_batch_records
-        if not low:
-            return
-        if polled >= self._batch_bound:
-            self._batch_bound = min(high, self._batch_bound * 2)
-        elif polled < self._batch_bound // 4:
-            self._batch_bound = max(low, self._batch_bound // 2)
-        self.stats.batch_bound = self._batch_bound
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         log.info("%s: assigned %s", self.name, [p.partition for p in partitions])
