@@ -76,44 +76,62 @@ def group(group_id: int, edges: int, members: Iterable[int], stage: str) -> Acke
 
 
 class AckBuffer:
-    """One transaction's acker messages, in order, until they are sealed into one AckerBatch
-    record per acker.acks partition."""
+    """One transaction's acker messages, in order per partition, until they are sealed into one
+    AckerBatch record per acker.acks partition.
+
+    Messages are built in place in their partition's AckerBatch (``add_ack``, the per-record
+    path): a message built on its own and added is copied, which cost about as much as building
+    it (docs/performance.md, "Per-record cost")."""
 
     def __init__(self, partitions: int) -> None:
         if partitions < 1:
             raise ValueError(f"acker.acks needs at least one partition, got {partitions}")
         self.partitions = partitions
-        self.messages: list[AckerMessage] = []
-        # A group's copies live where its anchors say, not at root_id mod partitions.
-        self._placed: dict[int, int] = {}
+        self._batches: dict[int, AckerBatch] = {}
+        # The partition of every message, in the order added: a savepoint is a length of it.
+        self._order: list[int] = []
 
     def __len__(self) -> int:
-        return len(self.messages)
+        return len(self._order)
 
     def add(self, message: AckerMessage, partition: int | None = None) -> None:
-        if partition is not None:
-            if not 0 <= partition < self.partitions:
-                raise ValueError(f"acker.acks has {self.partitions} partitions, not partition {partition}")
-            self._placed[len(self.messages)] = partition
-        self.messages.append(message)
+        """``message`` at ``partition``; by default the partition of its tree (a group's copies
+        live where its anchors say)."""
+        if partition is None:
+            partition = message.root_id % self.partitions
+        elif not 0 <= partition < self.partitions:
+            raise ValueError(f"acker.acks has {self.partitions} partitions, not partition {partition}")
+        self._batch(partition).messages.append(message)
+        self._order.append(partition)
+
+    def add_ack(self, root_id: int, xor_value: int, stage: str, sent_at_ms: int) -> None:
+        """An ACK of ``root_id``'s tree: ``ack()`` built in place."""
+        partition = root_id % self.partitions
+        self._batch(partition).messages.add(
+            kind=AckerMessage.ACK, root_id=root_id, xor_value=xor_value, stage=stage, sent_at_ms=sent_at_ms
+        )
+        self._order.append(partition)
 
     def truncate(self, length: int) -> None:
-        del self.messages[length:]
-        self._placed = {at: p for at, p in self._placed.items() if at < length}
+        dropped: dict[int, int] = {}
+        for partition in self._order[length:]:
+            dropped[partition] = dropped.get(partition, 0) + 1
+        del self._order[length:]
+        for partition, count in dropped.items():
+            del self._batches[partition].messages[-count:]
 
     def seal(self) -> list[tuple[int, bytes]]:
         """(partition, serialized AckerBatch) per partition with messages, each in the order
         added; empties the buffer."""
-        grouped: dict[int, list[AckerMessage]] = {}
-        placed = self._placed
-        for at, message in enumerate(self.messages):
-            partition = placed.get(at)
-            if partition is None:
-                partition = message.root_id % self.partitions
-            grouped.setdefault(partition, []).append(message)
-        self.messages = []
-        self._placed = {}
-        return [(p, AckerBatch(messages=msgs).SerializeToString()) for p, msgs in sorted(grouped.items())]
+        sealed = [(p, batch.SerializeToString()) for p, batch in sorted(self._batches.items()) if batch.messages]
+        self._batches, self._order = {}, []
+        return sealed
+
+    def _batch(self, partition: int) -> AckerBatch:
+        batch = self._batches.get(partition)
+        if batch is None:
+            batch = self._batches[partition] = AckerBatch()
+        return batch
 
 
 def check_anchor(anchor: Anchor, partitions: int) -> tuple[int, ...]:
@@ -202,12 +220,16 @@ class Anchoring:
         stage, group_id = self._stage, self.group_id
         child = (group_id,) if self._edges else ()
         continued: set[int] = set()
+        sent_at, child_edge = now_ms(), group_id if child else 0
         for envelope in self._roots:
             # A root read twice in one transaction gets the group as its child once: twice
             # would XOR it out of the tree, which would then complete before the group.
-            first = envelope.root_id not in continued
-            continued.add(envelope.root_id)
-            buffer.add(ack(envelope.root_id, envelope.edge_id, child if first else (), stage))
+            root_id = envelope.root_id
+            if root_id in continued:
+                buffer.add_ack(root_id, envelope.edge_id, stage, sent_at)
+            else:
+                continued.add(root_id)
+                buffer.add_ack(root_id, envelope.edge_id ^ child_edge, stage, sent_at)
         for upstream, (edges, where) in self._upstream.items():
             message = AckerMessage(
                 kind=AckerMessage.ACK, root_id=upstream, xor_value=edges ^ (group_id if child else 0), stage=stage,

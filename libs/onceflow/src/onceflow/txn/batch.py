@@ -122,7 +122,10 @@ class Batch(Generic[StoreT]):
 
     def ack(self, envelope: Envelope, children: Iterable[int] = ()) -> None:
         """Tell the acker this stage processed ``envelope`` and emitted ``children`` (edge ids)."""
-        self._acks.add(acks.ack(envelope.root_id, envelope.edge_id, children, self._stage))
+        xor_value = envelope.edge_id
+        for child in children:
+            xor_value ^= child
+        self._acks.add_ack(envelope.root_id, xor_value, self._stage, now_ms())
 
     def anchor_roots(self, envelopes: Iterable[Envelope]) -> None:
         """These inputs' trees continue in the outputs anchored by ``anchor``, or end with this
