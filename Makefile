@@ -123,6 +123,7 @@ bench: setup
 	$(PY) bench/spark_cluster.py
 	$(PY) bench/nexmark.py
 	$(PY) bench/visibility_latency.py
+	$(PY) bench/load_latency.py
 
 clean:
 	-$(ONCEFLOW) infra down

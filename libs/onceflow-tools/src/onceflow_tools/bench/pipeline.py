@@ -52,6 +52,8 @@ class PipelineOptions:
     batch: int = 250
     drain_timeout_s: float = 180.0
     log_dir: Path = Path(".")
+    # More ONCEFLOW_COMPUTE_* settings, without the prefix (ENGINE=pandas for a baseline).
+    compute: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -87,7 +89,7 @@ class PipelineRun:
         self.prefix = f"bench{uuid.uuid4().hex[:6]}{guarantee.split('_')[0]}."
         self.common = CommonSettings(topic_prefix=self.prefix)
         self.supervisor = Supervisor(
-            self.prefix, options.log_dir, settings={"compute": {"JOB": workload.JOB}},
+            self.prefix, options.log_dir, settings={"compute": {"JOB": workload.JOB, **dict(options.compute)}},
             env={"ONCEFLOW_PROCESSING_GUARANTEE": guarantee, "ONCEFLOW_ALLOW_TEST_SWITCHES": "1"},
         )
         self.trees = TreeLog(self.common)
