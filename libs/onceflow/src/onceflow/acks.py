@@ -164,6 +164,7 @@ class Anchoring:
     def __init__(self, partitions: int, stage: str) -> None:
         self.partitions = partitions
         self._stage = stage
+        self._everywhere = tuple(range(partitions))  # where a group that consumed anchors lives
         self.group_id = new_id()
         self._roots: list[Envelope] = []
         # Upstream group -> (XOR of its edges consumed here, the partitions holding it).
@@ -197,7 +198,7 @@ class Anchoring:
         anything is kept, for an anchor this acker.acks cannot hold (the caller dead-letters
         the record: a poison anchor must not fail the whole transaction at ``seal``)."""
         where = check_anchor(anchor, self.partitions)
-        if self._where is not None and self._where != self._everywhere():
+        if self._where is not None and self._where != self._everywhere:
             raise RuntimeError("a group anchored to its roots' partitions cannot take upstream groups afterwards")
         edges, _where = self._upstream.get(anchor.group_id, (0, where))
         self._upstream[anchor.group_id] = (edges ^ anchor.edge_id, where)
@@ -206,7 +207,7 @@ class Anchoring:
         """The anchor of a new output; None when nothing this transaction read is tracked."""
         if self._where is None:
             if self._upstream:
-                self._where = self._everywhere()
+                self._where = self._everywhere
             elif self._roots:
                 self._where = tuple(sorted({e.root_id % self.partitions for e in self._roots}))
             else:
@@ -245,6 +246,3 @@ class Anchoring:
                 members += [upstream for upstream, (_, where) in self._upstream.items() if partition in where]
                 buffer.add(group(group_id, edges, members, stage), partition)
         self._roots, self._upstream, self._edges = [], {}, []
-
-    def _everywhere(self) -> tuple[int, ...]:
-        return tuple(range(self.partitions))
