@@ -1,9 +1,10 @@
 """Latency under load, hop by hop, and where the machine's CPU goes.
 
-The exactly-once pipeline (ingest -> gate -> compute ``usersum`` -> sink, acker on) is warmed
+The pipeline (ingest -> gate -> compute ``usersum`` -> sink, acker on) is warmed
 up, then offered a fixed rate (by default 2,800 records/s, about half the sustainable rate of
 ``onceflow bench`` here) for a fixed time. One record in 50 is a probe, a user of its own: its
 row shows in the result table exactly when it was applied (``onceflow_tools.bench.visibility``).
+Exactly-once by default; ``--guarantee at_least_once`` runs its twin without transactions.
 
 Reported per probe, from the Kafka CreateTime of each hop's output for that record (the gate's
 envelope, the map hop's partial, the merge hop's result change, the acker's COMPLETED event)
@@ -14,7 +15,7 @@ Baseline, in the same run: the same pipeline with ``ONCEFLOW_COMPUTE_ENGINE=pand
 aggregation in the worker's own process, no Spark JVM), so the ratio shows what the Spark
 engine costs at this rate on this machine.
 
-Run: .venv/bin/python bench/load_latency.py [--rate 2800] [--seconds 20] [--json]
+Run: .venv/bin/python bench/load_latency.py [--rate 2800] [--seconds 20] [--guarantee exactly_once] [--json]
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from onceflow.kafka.clients import plain_config
 from onceflow.topology import Topic, job_topic
 from onceflow.v1.acker_pb2 import TreeEvent
 from onceflow_tools.bench import workload
-from onceflow_tools.bench.pipeline import PROBE_EVERY, PipelineOptions, PipelineRun, percentile
+from onceflow_tools.bench.pipeline import GUARANTEES, PROBE_EVERY, PipelineOptions, PipelineRun, percentile
 from onceflow_tools.infra import stack
 
 console = Console(stderr=True)
@@ -131,9 +132,9 @@ def _label(command: str) -> str:
     return "this bench" if "load_latency" in command else command[:40]
 
 
-def _measure(engine: str, rate: float, seconds: float, log_dir: Path) -> dict[str, Any]:
+def _measure(engine: str, guarantee: str, rate: float, seconds: float, log_dir: Path) -> dict[str, Any]:
     options = PipelineOptions(log_dir=log_dir, compute=ENGINES[engine])
-    with PipelineRun("exactly_once", options, console.log) as run:
+    with PipelineRun(guarantee, options, console.log) as run:
         console.log(f"{engine}: warming up ({options.warm_up_records:,} records)")
         run.send("warm:", options.warm_up_records, 0)
         console.log(f"{engine}: offering {rate:,.0f} records/s for {seconds:.0f} s")
@@ -168,13 +169,16 @@ def _cpu_figure(label: str) -> Callable[[dict[str, Any]], float]:
 def main(
     rate: float = typer.Option(2800.0, help="Offered records/s."),
     seconds: float = typer.Option(20.0, help="How long the rate is offered."),
+    guarantee: str = typer.Option("exactly_once", help="exactly_once, or at_least_once (the bench's test-only mode)."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON too."),
 ) -> None:
+    if guarantee not in GUARANTEES:
+        raise typer.BadParameter(f"{guarantee!r}: one of {', '.join(GUARANTEES)}")
     stack.up()
     log_dir = Path(tempfile.mkdtemp(prefix="onceflow-load-"))
     console.log(f"service logs in {log_dir}")
-    results = {engine: _measure(engine, rate, seconds, log_dir) for engine in ENGINES}
-    table = Table(title=f"exactly-once pipeline at {rate:,.0f} records/s for {seconds:.0f} s; per probe, ms after ingest wrote it")
+    results = {engine: _measure(engine, guarantee, rate, seconds, log_dir) for engine in ENGINES}
+    table = Table(title=f"{guarantee} pipeline at {rate:,.0f} records/s for {seconds:.0f} s; per probe, ms after ingest wrote it")
     table.add_column("figure")
     for engine in ENGINES:
         table.add_column(engine, justify="right")
