@@ -10,6 +10,7 @@ Kafka Streams' JVM starts cold but its group join is not timed either."""
 
 from __future__ import annotations
 
+import logging
 import re
 import signal
 import subprocess
@@ -46,6 +47,8 @@ HOPS = ("copier", "copier-chain", "dedup", "quix-dedup", "kstreams-dedup", "comp
 # Kafka Streams' own default commit.interval.ms under exactly_once_v2 (30 s under at_least_once).
 KSTREAMS_DEFAULT_COMMIT_INTERVAL_S = 0.1
 _TOKEN = "bench"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -155,19 +158,24 @@ def _profiled(process: ServiceProcess, profile_dir: Path | None, name: str) -> I
         return
     profile_dir.mkdir(parents=True, exist_ok=True)
     py_spy = str(Path(sys.executable).with_name("py-spy"))
+    output = profile_dir / f"{name}.svg"
     sampler = subprocess.Popen(
         [py_spy, "record", "--pid", str(process.pid), "--rate", "200", "--nonblocking",
-         "--format", "flamegraph", "--output", str(profile_dir / f"{name}.svg")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+         "--format", "flamegraph", "--output", str(output)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
     try:
         yield
     finally:
         sampler.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
         try:
-            sampler.wait(60)
+            said, _ = sampler.communicate(timeout=60)
         except subprocess.TimeoutExpired:
             sampler.kill()
+            said = b"no output within 60 s"
+        if not output.exists():
+            # py-spy needs ptrace rights over the process (a container may deny them).
+            log.warning("%s: no flame graph from py-spy: %s", name, (said.decode("utf-8", "replace").strip().splitlines() or ["no output"])[0])
 
 
 def _peer_records(options: HopOptions, keyed_by_record_id: bool) -> Iterator[tuple[bytes, bytes]]:
@@ -191,7 +199,8 @@ def warm_broker(options: HopOptions) -> None:
     """One untimed copier run over the warm-up backlog. The broker JIT-compiles and fills its
     caches too: whatever contender ran first on a fresh broker paid for it (the copier, the
     baseline of every ratio, measured 17–19k records/s first, 54–99k/s after the pipeline part)."""
-    copier(replace(options, records=options.warm_up_records))
+    if options.warm_up_records > 0:
+        copier(replace(options, records=options.warm_up_records))
 
 
 def copier_chain(options: HopOptions) -> BacklogRun:
