@@ -69,7 +69,16 @@ def test_the_wait_doubles_while_the_service_fails_at_once_and_resets_after_a_ste
 
 def test_a_signal_during_the_wait_ends_it(tmp_path: Path) -> None:
     supervisor = Supervisor(exits_in_turn(tmp_path, [4, 0]), Backoff(first_s=30.0))
-    threading.Timer(1.0, lambda: supervisor._on_signal(signal.SIGTERM, None)).start()
-    started = time.monotonic()
+    signalled: list[float] = []
+
+    def signal_once_waiting() -> None:
+        # Once the first child has exited and the 30 s wait has begun: a fixed delay raced a
+        # child that was slow to start on a loaded machine (SIGTERM reached the child instead).
+        while supervisor.restarts < 1:
+            time.sleep(0.01)
+        signalled.append(time.monotonic())
+        supervisor._on_signal(signal.SIGTERM, None)
+
+    threading.Thread(target=signal_once_waiting, daemon=True).start()
     assert supervisor.run() == 4
-    assert time.monotonic() - started < 10
+    assert signalled and time.monotonic() - signalled[0] < 5
