@@ -29,7 +29,7 @@ from onceflow.v1.acker_pb2 import RecordRef, TreeEvent
 from onceflow.v1.envelope_pb2 import DeadLetter
 from tests.conftest import Pipeline, eventually, free_port
 from tests.harness import checker
-from tests.harness.process import RestartOnRequest, ServiceProcess
+from tests.harness.process import RestartOnRequest, ServiceProcess, restart_lone_broker
 from tests.harness.workload import Item, ingest_records, items
 
 from onceflow_dedup import store as exact
@@ -178,7 +178,7 @@ def test_retries_replays_kill9_and_a_broker_restart_pass_each_id_once(pipeline: 
         assert gate.kill9() == -9
         kills += 1
         gate.start()
-    broker.restart()
+    restart_lone_broker(broker, pipeline.processes)
     sender.join(300)
     assert not sender.is_alive(), f"the client did not finish sending (restarted: {deploy.restarts})\n{deploy.ingest.log_tail()}"
     replayed = inject_timeouts(pipeline, {i.record_id for i in rng.sample(batch, 1_000)})  # 2% replayed by ingest

@@ -18,7 +18,7 @@ from onceflow.topology import Topic
 from onceflow.txn.errors import EXIT_FENCED, EXIT_RESTART
 from tests.conftest import Pipeline, eventually
 from tests.harness import checker
-from tests.harness.process import RestartOnRequest, ServiceProcess
+from tests.harness.process import RestartOnRequest, ServiceProcess, restart_lone_broker
 from tests.harness.workload import Item, items, produce_envelopes
 
 pytestmark = [pytest.mark.foundation, pytest.mark.integration, pytest.mark.fault]
@@ -146,7 +146,7 @@ def test_broker_restart_mid_stream(pipeline: Pipeline, broker) -> None:
     # supervisor restarts that exit too; exactly-once is judged the same either way.
     supervisor = RestartOnRequest(lambda: [worker], codes=(EXIT_RESTART, EXIT_FENCED)).start()
     eventually(lambda: len(_outputs(pipeline)) >= 300, 60, "progress before the restart")
-    broker.restart()
+    restart_lone_broker(broker, pipeline.processes)
     produce_envelopes(pipeline.common, pipeline.topic(Topic.INGEST_RECORDS), inputs[2000:])
     try:
         # Usually done in under a minute. A client that stays stuck leaves through fixed costs:

@@ -6,9 +6,9 @@ import threading
 from collections.abc import Callable, Iterable
 
 from onceflow.txn.errors import EXIT_RESTART
-from onceflow_tools.process import ServiceProcess, free_port
+from onceflow_tools.process import ServiceProcess, free_port, restart_lone_broker
 
-__all__ = ["RestartOnRequest", "ServiceProcess", "free_port"]
+__all__ = ["RestartOnRequest", "ServiceProcess", "free_port", "restart_lone_broker"]
 
 
 class RestartOnRequest:

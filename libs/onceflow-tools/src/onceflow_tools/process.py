@@ -1,5 +1,6 @@
 """A service as a real subprocess, and what operators and failures do to it: SIGTERM,
-kill -9, SIGSTOP/SIGCONT (zombies). Used by the CLI's demo and by the fault tests."""
+kill -9, SIGSTOP/SIGCONT (zombies), a restart of the broker under it. Used by the CLI's demo,
+``onceflow verify`` and the fault tests."""
 
 from __future__ import annotations
 
@@ -11,14 +12,18 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from onceflow.admin.tls import ClientTLS, channel
 from onceflow.config import repo_root
+
+if TYPE_CHECKING:
+    from onceflow_tools.infra.kafka import KafkaBroker
 
 
 # Below Linux's ephemeral range (32768-60999): a port handed out here is never taken meanwhile
@@ -217,3 +222,34 @@ def stack_dump(pid: int, native: bool = False) -> str:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"py-spy dump failed: {exc}"
     return done.stdout + done.stderr
+
+
+# Long enough for an EndTxn already sent to have its markers written, on a loaded machine.
+MARKERS_SETTLE_S = 1.0
+
+
+def restart_lone_broker(broker: KafkaBroker, services: Iterable[ServiceProcess], hard: bool = False) -> None:
+    """Restart the only broker (SIGKILL if ``hard``), the services frozen (SIGSTOP) while it
+    goes down and thawed while it is down, so they meet a dead broker and its return, open
+    transactions included.
+
+    Frozen because Kafka (4.3.1) on one node can lose a transaction's markers: the coordinator
+    skips a partition it finds no leader for ("likely deleted already") and may still record
+    the transaction complete, and the partition's last stable offset hangs for good
+    (docs/architecture.md, 'Hanging transactions'). A transaction ending while a restart takes
+    the leaderships away is what risks it; no transaction can end inside a freeze, so the
+    restart keeps the faults onceflow must survive. On a cluster leaderships move before a
+    broker stops: `make test-cluster` kills brokers mid-commit there."""
+    frozen = [proc for proc in services if proc.alive()]
+    for proc in frozen:
+        proc.sigstop()
+    try:
+        time.sleep(MARKERS_SETTLE_S)
+        if hard:
+            broker.kill()
+        else:
+            broker.stop()
+    finally:
+        for proc in frozen:
+            proc.sigcont()
+    broker.start()

@@ -6,7 +6,8 @@ Kinds: ``kill9`` (a random service, restarted on the spot), ``crash_in_txn`` (a 
 on the shared loop is restarted armed to kill -9 itself between producing a transaction's outputs
 and committing it, the gap where a broken protocol loses or doubles data), ``zombie`` (a random service but
 ingest: paused, replaced, resumed), ``broker`` (the Kafka broker, or one node of a cluster,
-restarts, gracefully or by SIGKILL in turn); on a 3-node cluster, faults aimed by ``kafka_faults``:
+restarts, gracefully or by SIGKILL in turn; a lone broker with the services frozen while it goes
+down, see ``restart_lone_broker``); on a 3-node cluster, faults aimed by ``kafka_faults``:
 ``leader-kill9`` (the leader of one of the run's partitions), ``coordinator-kill9`` (the
 transaction coordinator of a live service's transactional.id), ``controller-kill9`` (the active
 KRaft controller), each restarted at once, ``broker-pause`` (SIGSTOP for 20-40 s, then SIGCONT),
@@ -34,6 +35,7 @@ from onceflow.redis_client import connect
 from onceflow_tools.infra.kafka import cluster as kafka_cluster
 from onceflow_tools.infra.redis import RedisServer, current_primary, sentinel_of
 from onceflow_tools.infra.redis import topology as redis_topology
+from onceflow_tools.process import restart_lone_broker
 from onceflow_tools.verify import kafka_faults, redis_faults, spark_faults
 from onceflow_tools.verify.kafka_faults import CLUSTER_KINDS
 from onceflow_tools.verify.spark_faults import SPARK_KINDS
@@ -143,9 +145,14 @@ class FaultSchedule(threading.Thread):
             return f"zombie {name}: replaced, resumed, exited {outcome.exit_code} ({time.monotonic() - started:.0f} s)"
         if kind == "broker":
             self._hard_broker = not self._hard_broker
-            node = self.rng.choice(kafka_cluster())  # on a cluster: one node, the leader of some partitions
-            node.restart(hard=self._hard_broker)
+            nodes = kafka_cluster()
+            node = self.rng.choice(nodes)  # on a cluster: one node, the leader of some partitions
             how = "SIGKILL" if self._hard_broker else "graceful"
+            if len(nodes) == 1:  # the services frozen while it goes down: see restart_lone_broker
+                restart_lone_broker(node, self.supervisor.processes(), hard=self._hard_broker)
+                how += ", services frozen while it went down"
+            else:
+                node.restart(hard=self._hard_broker)
             return f"{node.name} restart ({how}, {time.monotonic() - started:.0f} s)"
         if kind in CLUSTER_KINDS:
             return kafka_faults.inject(kind, self.rng, self.supervisor.prefix)

@@ -71,6 +71,10 @@ class Supervisor:
         for instance in self.instances.values():
             instance.process.wait_healthy(instance.address, timeout_s)
 
+    def processes(self) -> list[ServiceProcess]:
+        with self._lock:
+            return [instance.process for instance in self.instances.values()]
+
     def address(self, name: str) -> str:
         return self.instances[name].address
 
