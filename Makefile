@@ -124,6 +124,7 @@ bench: setup
 	$(PY) bench/nexmark.py
 	$(PY) bench/visibility_latency.py
 	$(PY) bench/load_latency.py
+	$(PY) bench/hop_batches.py
 
 clean:
 	-$(ONCEFLOW) infra down

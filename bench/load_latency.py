@@ -15,7 +15,7 @@ Baseline, in the same run: the same pipeline with ``ONCEFLOW_COMPUTE_ENGINE=pand
 aggregation in the worker's own process, no Spark JVM), so the ratio shows what the Spark
 engine costs at this rate on this machine.
 
-Run: .venv/bin/python bench/load_latency.py [--rate 2800] [--seconds 20] [--guarantee exactly_once] [--json]
+Run: .venv/bin/python bench/load_latency.py [--rate 2800] [--seconds 20] [--guarantee exactly_once] [--compute KEY=VALUE] [--json]
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from onceflow.kafka.clients import plain_config
 from onceflow.topology import Topic, job_topic
 from onceflow.v1.acker_pb2 import TreeEvent
 from onceflow_tools.bench import workload
-from onceflow_tools.bench.pipeline import GUARANTEES, PROBE_EVERY, PipelineOptions, PipelineRun, percentile
+from onceflow_tools.bench.pipeline import GUARANTEES, PROBE_EVERY, PipelineOptions, PipelineRun, compute_settings, percentile
 from onceflow_tools.infra import stack
 
 console = Console(stderr=True)
@@ -132,8 +132,10 @@ def _label(command: str) -> str:
     return "this bench" if "load_latency" in command else command[:40]
 
 
-def _measure(engine: str, guarantee: str, rate: float, seconds: float, log_dir: Path) -> dict[str, Any]:
-    options = PipelineOptions(log_dir=log_dir, compute=ENGINES[engine])
+def _measure(
+    engine: str, guarantee: str, rate: float, seconds: float, log_dir: Path, compute: tuple[tuple[str, str], ...] = ()
+) -> dict[str, Any]:
+    options = PipelineOptions(log_dir=log_dir, compute=ENGINES[engine] + compute)
     with PipelineRun(guarantee, options, console.log) as run:
         console.log(f"{engine}: warming up ({options.warm_up_records:,} records)")
         run.send("warm:", options.warm_up_records, 0)
@@ -171,13 +173,20 @@ def main(
     seconds: float = typer.Option(20.0, help="How long the rate is offered."),
     guarantee: str = typer.Option("exactly_once", help="exactly_once, or at_least_once (the bench's test-only mode)."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON too."),
+    compute: list[str] = typer.Option(
+        [], help="A compute setting for both engines, KEY=VALUE without the ONCEFLOW_COMPUTE_ prefix (repeatable)."
+    ),
 ) -> None:
     if guarantee not in GUARANTEES:
         raise typer.BadParameter(f"{guarantee!r}: one of {', '.join(GUARANTEES)}")
+    try:
+        settings = compute_settings(compute)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
     stack.up()
     log_dir = Path(tempfile.mkdtemp(prefix="onceflow-load-"))
     console.log(f"service logs in {log_dir}")
-    results = {engine: _measure(engine, guarantee, rate, seconds, log_dir) for engine in ENGINES}
+    results = {engine: _measure(engine, guarantee, rate, seconds, log_dir, settings) for engine in ENGINES}
     table = Table(title=f"{guarantee} pipeline at {rate:,.0f} records/s for {seconds:.0f} s; per probe, ms after ingest wrote it")
     table.add_column("figure")
     for engine in ENGINES:

@@ -54,6 +54,26 @@ def test_a_linger_waits_for_more_after_a_first_record() -> None:
     assert source.calls == [(100, 0), (99, 0.005)]
 
 
+def test_a_busy_hop_with_a_cycle_runs_at_most_one_batch_per_cycle() -> None:
+    now = [0.0]
+    source = _Source([1] * 3, [])
+    batcher = Batcher(BatchPolicy(max_items=100, min_cycle_s=0.5), source.take, size=lambda item: item, clock=lambda: now[0])
+    assert batcher.gather() == [1, 1, 1]  # no batch before it: nothing to space from
+    source.ready, source.later, now[0] = [1], [1, 1], 0.2
+    assert batcher.gather() == [1, 1, 1]
+    assert source.calls[1:] == [(100, 0), (99, 0.3)]  # lingered until 0.5 s after the first began
+
+
+def test_a_cycle_never_holds_a_record_an_idle_hop_waited_for() -> None:
+    now = [0.0]
+    source = _Source([1], [])
+    batcher = Batcher(BatchPolicy(max_items=100, min_cycle_s=0.5), source.take, size=lambda item: item, clock=lambda: now[0])
+    batcher.gather()
+    source.later, now[0] = [1], 0.1
+    assert batcher.gather() == [1]
+    assert source.calls[1:] == [(100, 0), (1, 0.1), (99, 0)]
+
+
 @given(
     ready=st.lists(st.integers(1, 50), max_size=30),
     later=st.lists(st.integers(1, 50), max_size=30),

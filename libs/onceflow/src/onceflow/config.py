@@ -239,6 +239,13 @@ class LoopSettings(BaseSettings):
     linger_ms: int = Field(
         default=5, ge=0, description="After a first record: how long a hop waits for more before it commits what it has."
     )
+    min_cycle_ms: int = Field(
+        default=0,
+        ge=0,
+        description="Under load (records already waiting when a batch begins), the least time from one batch's start to "
+        "the next's: the batch takes records for that long unless its bound fills first. At most one batch per cycle, "
+        "so for a hop whose per-batch cost or output does not shrink with the batch. 0: off.",
+    )
     session_timeout_ms: int = Field(
         default=10_000,
         ge=1000,

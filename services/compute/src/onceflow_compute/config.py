@@ -110,6 +110,13 @@ class ComputeSettings(BaseSettings):
         description="After a first record, how long the map hop waits for more before it runs the batch: longer than "
         "the other hops' 5 ms, since each batch costs a Spark job.",
     )
+    min_cycle_ms: int = Field(
+        default=0,
+        ge=0,
+        description="Under load, the least time from one map batch's start to the next's (the batch takes records "
+        "until then unless its bound fills): fewer Spark jobs, and fewer partials, one per key per batch, for the "
+        "merge hop and the sink. Idle records are never held by it. 0: off.",
+    )
     bisect_budget: int = Field(
         default=64, ge=1, description="Engine runs per batch spent finding the records a failing job raises on."
     )
@@ -142,6 +149,7 @@ class ComputeSettings(BaseSettings):
                 "max_batch_records": self.max_batch_records,
                 "max_batch_ms": self.max_batch_ms,
                 "linger_ms": self.linger_ms,
+                "min_cycle_ms": self.min_cycle_ms,
             }
         )
 

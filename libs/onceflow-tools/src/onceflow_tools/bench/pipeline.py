@@ -193,6 +193,14 @@ class PipelineRun:
         return {name: records / max(until - since, 1e-3) for name, (since, until) in window.items()}
 
 
+def compute_settings(pairs: list[str]) -> tuple[tuple[str, str], ...]:
+    """``KEY=VALUE`` pairs from a bench's command line as ``PipelineOptions.compute``; ValueError
+    names a pair without ``=``."""
+    if bad := [pair for pair in pairs if "=" not in pair]:
+        raise ValueError(f"a compute setting is KEY=VALUE (without the ONCEFLOW_COMPUTE_ prefix): {bad}")
+    return tuple((key.upper(), value) for key, value in (pair.split("=", 1) for pair in pairs))
+
+
 def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] if len(values) > 1 else float(values[0])
 

@@ -15,10 +15,17 @@ A busy hop so takes what arrived during its last commit (group commit), and its 
 the rate; an idle one commits a lone record after at most the linger. With an adaptive bound
 (``min_items`` > 0) the bound doubles after a full batch and halves after one under a quarter
 full, between ``min_items`` and ``max_items``.
+
+A hop whose batch cost or output does not shrink with the batch can cap how often it runs
+(``min_cycle_s``): under load, when records were already waiting, step 3 lingers until that long
+after the previous batch began. Compute's map hop is one: every batch is a Spark job and emits
+one partial per key, so a faster cycle means smaller batches and more partials for the merge hop
+and the sink to carry (docs/performance.md, "Why at-least-once ran slower").
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -38,6 +45,7 @@ class BatchPolicy:
     min_items: int = 0
     first_wait_s: float = 0.1
     linger_s: float = 0.0
+    min_cycle_s: float = 0.0
 
     @classmethod
     def of_loop(cls, settings: LoopSettings) -> BatchPolicy:
@@ -46,6 +54,7 @@ class BatchPolicy:
             min_items=settings.min_batch_records,
             first_wait_s=settings.max_batch_ms / 1000,
             linger_s=settings.linger_ms / 1000,
+            min_cycle_s=settings.min_cycle_ms / 1000,
         )
 
 
@@ -53,23 +62,37 @@ class Batcher(Generic[T]):
     """Gathers one batch from ``take`` by the policy; ``size`` counts an item's records (a
     consumed message is one, an ingest call carries many and is never split)."""
 
-    def __init__(self, policy: BatchPolicy, take: Take[T], size: Callable[[T], int] | None = None) -> None:
+    def __init__(
+        self,
+        policy: BatchPolicy,
+        take: Take[T],
+        size: Callable[[T], int] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.policy = policy
         self._take = take
         self._size = size
+        self._clock = clock
+        self._last_start = float("-inf")
         self.bound = policy.min_items or policy.max_items
 
     def gather(self) -> list[T]:
         policy, bound = self.policy, self.bound
+        started = self._clock()
         items = list(self._take(bound, 0))
         waited = False
-        if not items:
+        linger = policy.linger_s
+        if items:
+            # Records were waiting: the hop is busy, so at most one batch per cycle.
+            linger = max(linger, self._last_start + policy.min_cycle_s - started)
+        else:
             items = list(self._take(1, policy.first_wait_s))
             waited = bool(items)
+        self._last_start = started
         taken = self._count(items)
         # After a wait for one, also what came with it, even with no linger.
-        if items and taken < bound and (policy.linger_s > 0 or waited):
-            items += self._take(bound - taken, policy.linger_s)
+        if items and taken < bound and (linger > 0 or waited):
+            items += self._take(bound - taken, max(linger, 0.0))
         return items
 
     def adapt(self, taken: int) -> None:

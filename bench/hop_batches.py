@@ -1,0 +1,116 @@
+"""How each hop batched while the pipeline ran flat out, per guarantee, from the services' own
+Prometheus metrics.
+
+Each guarantee gets a fresh pipeline (ingest -> gate -> compute ``usersum`` -> sink, acker on),
+warmed up, then pushed ``--records`` records as fast as ingest takes them (the saturation run of
+``onceflow bench``). The metrics of every service are scraped before and after, and the
+difference is reported per hop: transactions, records per transaction, time per transaction
+(``onceflow_batch_records``, ``onceflow_commit_seconds``) and the map hop's Spark time per job
+(``onceflow_compute_job_seconds``). A keyed aggregation's map hop emits one partial per key per
+batch, so its batch count sets how much the merge hop and the sink carry.
+
+Run: .venv/bin/python bench/hop_batches.py [--records 100000] [--guarantee exactly_once --guarantee at_least_once] [--compute KEY=VALUE]
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from onceflow_tools.bench.pipeline import GUARANTEES, PipelineOptions, PipelineRun, completion_rate, compute_settings
+from onceflow_tools.infra import stack
+from onceflow_tools.process import free_port
+
+console = Console(stderr=True)
+
+SERVICES = ("ingest", "dedup", "compute", "sink", "acker")
+HISTOGRAMS = ("onceflow_batch_records", "onceflow_commit_seconds", "onceflow_compute_job_seconds")
+SAMPLE = re.compile(r"^(?P<name>onceflow_[a-z_]+?)_(?P<part>sum|count)(?P<labels>\{[^}]*\})?\s+(?P<value>\S+)$")
+HOP_LABEL = re.compile(r'(?:service|job)="([^"]+)"')
+
+# (histogram, hop) -> (sum, count)
+Samples = dict[tuple[str, str], tuple[float, float]]
+
+
+def _scrape(ports: dict[str, int]) -> Samples:
+    samples: dict[tuple[str, str], list[float]] = {}
+    for port in ports.values():
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        for line in text.splitlines():
+            match = SAMPLE.match(line)
+            if not match or match["name"] not in HISTOGRAMS:
+                continue
+            hop = HOP_LABEL.search(match["labels"] or "")
+            entry = samples.setdefault((match["name"], hop.group(1) if hop else "?"), [0.0, 0.0])
+            entry[0 if match["part"] == "sum" else 1] = float(match["value"])
+    return {key: (total, count) for key, (total, count) in samples.items()}
+
+
+def _measure(guarantee: str, records: int, compute: tuple[tuple[str, str], ...], log_dir: Path) -> tuple[float, float, Samples]:
+    run = PipelineRun(guarantee, PipelineOptions(log_dir=log_dir, compute=compute), console.log)
+    ports = {service: free_port() for service in SERVICES}
+    for service, port in ports.items():
+        run.supervisor.settings.setdefault(service, {})["METRICS_PORT"] = str(port)
+    with run:
+        run.send("warm:", run.options.warm_up_records, 0)
+        before, started = _scrape(ports), time.monotonic()
+        console.log(f"{guarantee}: {records:,} records as fast as ingest takes them")
+        times, _latencies = run.send("sat:", records, 0)
+        wall, after = time.monotonic() - started, _scrape(ports)
+    delta = {
+        key: (total - before.get(key, (0.0, 0.0))[0], count - before.get(key, (0.0, 0.0))[1])
+        for key, (total, count) in after.items()
+    }
+    return completion_rate(times), records / wall, {key: value for key, value in delta.items() if value[1] > 0}
+
+
+def main(
+    records: int = typer.Option(100_000, help="Records pushed through each pipeline."),
+    guarantee: list[str] = typer.Option(list(GUARANTEES), help="exactly_once and/or at_least_once (repeatable)."),
+    compute: list[str] = typer.Option([], help="A compute setting, KEY=VALUE without the ONCEFLOW_COMPUTE_ prefix (repeatable)."),
+) -> None:
+    if unknown := [g for g in guarantee if g not in GUARANTEES]:
+        raise typer.BadParameter(f"{unknown}: each one of {', '.join(GUARANTEES)}")
+    try:
+        settings = compute_settings(compute)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    stack.up()
+    log_dir = Path(tempfile.mkdtemp(prefix="onceflow-batches-"))
+    console.log(f"service logs in {log_dir}")
+    results = {g: _measure(g, records, settings, log_dir) for g in guarantee}
+
+    table = Table(title=f"{records:,} records flat out; per hop: transactions × mean records, mean seconds each")
+    table.add_column("figure")
+    for g in guarantee:
+        table.add_column(g, justify="right")
+    table.add_row("completion rate, middle 80% (records/s)", *(f"{results[g][0]:,.0f}" for g in guarantee))
+    table.add_row("records ÷ wall time, send to last tree (records/s)", *(f"{results[g][1]:,.0f}" for g in guarantee))
+    hops = sorted({hop for g in guarantee for (name, hop) in results[g][2] if name == "onceflow_batch_records"})
+    for hop in hops:
+        cells = []
+        for g in guarantee:
+            samples = results[g][2]
+            total, count = samples.get(("onceflow_batch_records", hop), (0.0, 0.0))
+            seconds, commits = samples.get(("onceflow_commit_seconds", hop), (0.0, 0.0))
+            cells.append(f"{count:,.0f} × {total / count:,.0f}, {seconds / commits:.3f} s" if count and commits else "-")
+        table.add_row(hop, *cells)
+    jobs = sorted({hop for g in guarantee for (name, hop) in results[g][2] if name == "onceflow_compute_job_seconds"})
+    for job in jobs:
+        cells = []
+        for g in guarantee:
+            seconds, count = results[g][2].get(("onceflow_compute_job_seconds", job), (0.0, 0.0))
+            cells.append(f"{count:,.0f} jobs, {seconds / count:.3f} s" if count else "-")
+        table.add_row(f"Spark jobs ({job})", *cells)
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    typer.run(main)
