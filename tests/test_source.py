@@ -347,7 +347,9 @@ def test_a_topic_on_another_cluster_is_copied_once_through_kill9s_and_a_zombie(
 ) -> None:
     common = running.common
     remote = other_cluster.bootstrap
-    topic = fill_topic(remote, f"{common.topic_prefix}user.remote", "r", 2500, seed=11)
+    # Long enough for two kills to land mid-copy on a fast run too (2,500 records once left
+    # room for only one: a fresh-clone run whose suite took 10 minutes).
+    topic = fill_topic(remote, f"{common.topic_prefix}user.remote", "r", 6000, seed=11)
     cluster_id = AdminClient(clients.plain_config(remote)).list_topics(timeout=15).cluster_id
     assert cluster_id and cluster_id != AdminClient(clients.plain_config(common.kafka_bootstrap)).list_topics(timeout=15).cluster_id
     external = ExternalTopic(remote, topic.name, cluster_id)
@@ -376,7 +378,7 @@ def test_a_topic_on_another_cluster_is_copied_once_through_kill9s_and_a_zombie(
 
         kills = 0
         for _ in range(3):
-            time.sleep(rng.uniform(0.2, 1.2))
+            time.sleep(rng.uniform(0.1, 0.6))
             if copied():
                 break
             resumed = _resumed(current)
