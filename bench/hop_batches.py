@@ -49,7 +49,7 @@ def _scrape(ports: dict[str, int]) -> Samples:
                 continue
             hop = HOP_LABEL.search(match["labels"] or "")
             entry = samples.setdefault((match["name"], hop.group(1) if hop else "?"), [0.0, 0.0])
-            entry[0 if match["part"] == "sum" else 1] = float(match["value"])
+            entry[0 if match["part"] == "sum" else 1] += float(match["value"])
     return {key: (total, count) for key, (total, count) in samples.items()}
 
 
@@ -68,6 +68,8 @@ def _measure(guarantee: str, records: int, compute: tuple[tuple[str, str], ...],
         key: (total - before.get(key, (0.0, 0.0))[0], count - before.get(key, (0.0, 0.0))[1])
         for key, (total, count) in after.items()
     }
+    if reset := sorted(hop for (_name, hop), (_total, count) in delta.items() if count < 0):
+        console.log(f"[red]{guarantee}: counters went back (a service restarted?): {reset}; their rows are left out")
     return completion_rate(times), records / wall, {key: value for key, value in delta.items() if value[1] > 0}
 
 

@@ -183,6 +183,8 @@ def main(
         settings = compute_settings(compute)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
+    if fixed := [key for key, _value in settings if key in ("ENGINE", "JOB")]:
+        raise typer.BadParameter(f"--compute cannot set {fixed}: the bench runs both engines on its own job")
     stack.up()
     log_dir = Path(tempfile.mkdtemp(prefix="onceflow-load-"))
     console.log(f"service logs in {log_dir}")

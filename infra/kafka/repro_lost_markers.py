@@ -10,12 +10,13 @@ left open is never closed by the same producer writing on. The broker runs from 
     .venv/bin/python infra/kafka/repro_lost_markers.py --mode graceful --restarts 20
     .venv/bin/python infra/kafka/repro_lost_markers.py --mode uncontrolled
 
-The broker's home is kept (its server.log shows the skips) only when a partition hangs.
+The broker's home is kept (its server.log shows the skips) only when a partition hangs or the run failed.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import shutil
 import tempfile
 import threading
@@ -54,10 +55,13 @@ class Writers:
         for thread in self._threads:
             thread.start()
 
-    def stop(self) -> None:
+    def stop(self) -> bool:
+        """True once every producer has returned (one still in a call could leave a transaction
+        open, which would look like a hang)."""
         self._stop.set()
         for thread in self._threads:
-            thread.join(60)
+            thread.join(120)
+        return not any(thread.is_alive() for thread in self._threads)
 
     def _run(self, n: int) -> None:
         producer: Producer | None = None
@@ -86,6 +90,10 @@ class Writers:
                 except KafkaException:
                     producer = None
                 time.sleep(0.05)
+            except Exception:  # a writer that dies silently would leave the run without load
+                logging.exception("producer %d", n)
+                producer = None
+                time.sleep(0.05)
 
 
 def hanging(bootstrap: str) -> dict[int, tuple[int, int]]:
@@ -108,11 +116,12 @@ def main() -> None:
 
     port = free_port(2)
     home = Path(tempfile.mkdtemp(prefix="onceflow-repro-"))
-    broker = Broker(port=port, controller_port=port + 1, home=home, libs_home=KafkaBroker.from_env().home)
+    broker = Broker(port=port, controller_port=port + 1, home=home, libs_home=KafkaBroker.from_env(secure=False).home)
     broker.uncontrolled = args.mode == "uncontrolled"
     broker.format()
     broker.start()
     stuck: dict[int, tuple[int, int]] = {}
+    finished = False
     try:
         admin = AdminClient({"bootstrap.servers": broker.bootstrap})
         admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)])[TOPIC].result()
@@ -128,15 +137,17 @@ def main() -> None:
             writers.generation += 1
             print(f"restart {n}/{args.restarts}: {writers.commits} transactions committed", flush=True)
         time.sleep(3)
-        writers.stop()
+        if not writers.stop():
+            raise SystemExit("a producer did not return within 120 s: its open transaction would look like a hang")
         time.sleep(15)  # past the transaction timeout: anything still open now never ends
         skipped = broker.log_path.read_text(errors="replace").count(SKIPPED)
         stuck = hanging(broker.bootstrap)
         print(f"mode {args.mode}: {writers.commits} transactions, markers skipped {skipped} times, "
               f"hanging partitions (last stable offset, high watermark) {stuck or 'none'}")
+        finished = True
     finally:
         broker.stop()
-    if stuck:
+    if stuck or not finished:
         print(f"broker home kept: {home}")
     else:
         shutil.rmtree(home, ignore_errors=True)

@@ -74,6 +74,18 @@ def test_a_cycle_never_holds_a_record_an_idle_hop_waited_for() -> None:
     assert source.calls[1:] == [(100, 0), (1, 0.1), (99, 0)]
 
 
+def test_an_empty_poll_starts_no_cycle() -> None:
+    now = [0.0]
+    source = _Source([1], [])
+    batcher = Batcher(BatchPolicy(max_items=100, min_cycle_s=0.5), source.take, size=lambda item: item, clock=lambda: now[0])
+    batcher.gather()
+    now[0] = 1.0
+    assert batcher.gather() == []  # idle: nothing came during the first wait
+    source.ready, now[0] = [1], 1.2  # a record arrives during the next batch's gap
+    assert batcher.gather() == [1]
+    assert source.calls[-1] == (100, 0)  # taken at once, not held until 1.5
+
+
 @given(
     ready=st.lists(st.integers(1, 50), max_size=30),
     later=st.lists(st.integers(1, 50), max_size=30),

@@ -237,13 +237,16 @@ def restart_lone_broker(broker: KafkaBroker, services: Iterable[ServiceProcess],
     skips a partition it finds no leader for ("likely deleted already") and may still record
     the transaction complete, and the partition's last stable offset hangs for good
     (docs/architecture.md, 'Hanging transactions'). A transaction ending while a restart takes
-    the leaderships away is what risks it; no transaction can end inside a freeze, so the
-    restart keeps the faults onceflow must survive. On a cluster leaderships move before a
-    broker stops: `make test-cluster` kills brokers mid-commit there."""
-    frozen = [proc for proc in services if proc.alive()]
-    for proc in frozen:
-        proc.sigstop()
+    the leaderships away is what risks it. Frozen, no client can end one, so the restart keeps
+    the faults onceflow must survive; the coordinator could still abort one that outlived its
+    timeout (10 s) meanwhile, so the risk is made small, not removed. On a cluster leaderships
+    move before a broker stops: `make test-cluster` kills brokers mid-commit there."""
+    frozen: list[ServiceProcess] = []
     try:
+        for proc in services:
+            if proc.alive():
+                proc.sigstop()
+                frozen.append(proc)
         time.sleep(MARKERS_SETTLE_S)
         if hard:
             broker.kill()

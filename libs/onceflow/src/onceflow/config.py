@@ -242,9 +242,11 @@ class LoopSettings(BaseSettings):
     min_cycle_ms: int = Field(
         default=0,
         ge=0,
+        le=10_000,
         description="Under load (records already waiting when a batch begins), the least time from one batch's start to "
         "the next's: the batch takes records for that long unless its bound fills first. At most one batch per cycle, "
-        "so for a hop whose per-batch cost or output does not shrink with the batch. 0: off.",
+        "so for a hop whose per-batch cost or output does not shrink with the batch. 0: off. Consumer hops only (not "
+        "ingest's group commit).",
     )
     session_timeout_ms: int = Field(
         default=10_000,

@@ -113,6 +113,7 @@ class ComputeSettings(BaseSettings):
     min_cycle_ms: int = Field(
         default=0,
         ge=0,
+        le=10_000,
         description="Under load, the least time from one map batch's start to the next's (the batch takes records "
         "until then unless its bound fills): fewer Spark jobs, and fewer partials, one per key per batch, for the "
         "merge hop and the sink. Idle records are never held by it. 0: off.",

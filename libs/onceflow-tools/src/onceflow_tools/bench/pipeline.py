@@ -194,11 +194,13 @@ class PipelineRun:
 
 
 def compute_settings(pairs: list[str]) -> tuple[tuple[str, str], ...]:
-    """``KEY=VALUE`` pairs from a bench's command line as ``PipelineOptions.compute``; ValueError
-    names a pair without ``=``."""
+    """``KEY=VALUE`` pairs from a bench's command line as ``PipelineOptions.compute`` (an
+    ``ONCEFLOW_COMPUTE_`` prefix is dropped); ValueError names a pair without ``=``."""
     if bad := [pair for pair in pairs if "=" not in pair]:
         raise ValueError(f"a compute setting is KEY=VALUE (without the ONCEFLOW_COMPUTE_ prefix): {bad}")
-    return tuple((key.upper(), value) for key, value in (pair.split("=", 1) for pair in pairs))
+    return tuple(
+        (key.upper().removeprefix("ONCEFLOW_COMPUTE_"), value) for key, value in (pair.split("=", 1) for pair in pairs)
+    )
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -88,7 +88,8 @@ class Batcher(Generic[T]):
         else:
             items = list(self._take(1, policy.first_wait_s))
             waited = bool(items)
-        self._last_start = started
+        if items:  # an empty poll starts no cycle: the next record is not held for it
+            self._last_start = started
         taken = self._count(items)
         # After a wait for one, also what came with it, even with no linger.
         if items and taken < bound and (linger > 0 or waited):
