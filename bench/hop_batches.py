@@ -14,16 +14,15 @@ Run: .venv/bin/python bench/hop_batches.py [--records 100000] [--guarantee exact
 
 from __future__ import annotations
 
-import re
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from onceflow_tools.bench import histograms
 from onceflow_tools.bench.pipeline import GUARANTEES, PipelineOptions, PipelineRun, completion_rate, compute_settings
 from onceflow_tools.infra import stack
 from onceflow_tools.process import free_port
@@ -32,45 +31,23 @@ console = Console(stderr=True)
 
 SERVICES = ("ingest", "dedup", "compute", "sink", "acker")
 HISTOGRAMS = ("onceflow_batch_records", "onceflow_commit_seconds", "onceflow_compute_job_seconds")
-SAMPLE = re.compile(r"^(?P<name>onceflow_[a-z_]+?)_(?P<part>sum|count)(?P<labels>\{[^}]*\})?\s+(?P<value>\S+)$")
-HOP_LABEL = re.compile(r'(?:service|job)="([^"]+)"')
-
-# (histogram, hop) -> (sum, count)
-Samples = dict[tuple[str, str], tuple[float, float]]
 
 
-def _scrape(ports: dict[str, int]) -> Samples:
-    samples: dict[tuple[str, str], list[float]] = {}
-    for port in ports.values():
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-        for line in text.splitlines():
-            match = SAMPLE.match(line)
-            if not match or match["name"] not in HISTOGRAMS:
-                continue
-            hop = HOP_LABEL.search(match["labels"] or "")
-            entry = samples.setdefault((match["name"], hop.group(1) if hop else "?"), [0.0, 0.0])
-            entry[0 if match["part"] == "sum" else 1] += float(match["value"])
-    return {key: (total, count) for key, (total, count) in samples.items()}
-
-
-def _measure(guarantee: str, records: int, compute: tuple[tuple[str, str], ...], log_dir: Path) -> tuple[float, float, Samples]:
+def _measure(guarantee: str, records: int, compute: tuple[tuple[str, str], ...], log_dir: Path) -> tuple[float, float, histograms.Samples]:
     run = PipelineRun(guarantee, PipelineOptions(log_dir=log_dir, compute=compute), console.log)
     ports = {service: free_port() for service in SERVICES}
     for service, port in ports.items():
         run.supervisor.settings.setdefault(service, {})["METRICS_PORT"] = str(port)
     with run:
         run.send("warm:", run.options.warm_up_records, 0)
-        before, started = _scrape(ports), time.monotonic()
+        before, started = histograms.scrape(ports, HISTOGRAMS), time.monotonic()
         console.log(f"{guarantee}: {records:,} records as fast as ingest takes them")
         times, _latencies = run.send("sat:", records, 0)
-        wall, after = time.monotonic() - started, _scrape(ports)
-    delta = {
-        key: (total - before.get(key, (0.0, 0.0))[0], count - before.get(key, (0.0, 0.0))[1])
-        for key, (total, count) in after.items()
-    }
-    if reset := sorted(hop for (_name, hop), (_total, count) in delta.items() if count < 0):
+        wall, after = time.monotonic() - started, histograms.scrape(ports, HISTOGRAMS)
+    delta, reset = histograms.difference(before, after)
+    if reset:
         console.log(f"[red]{guarantee}: counters went back (a service restarted?): {reset}; their rows are left out")
-    return completion_rate(times), records / wall, {key: value for key, value in delta.items() if value[1] > 0}
+    return completion_rate(times), records / wall, delta
 
 
 def main(

@@ -7,14 +7,23 @@ twice in one run, each on a topic prefix of its own:
   hop 200 ms), which is how the hops batched before ``ONCEFLOW_LOOP_LINGER_MS``;
 - **default**: the shipped settings (5 ms, the map hop 20 ms).
 
+Before measuring, ``--warm-up-records`` one-record sends 100 ms apart warm the Spark driver's
+JVM: it compiles its planner and executor code as jobs run, so its speed depends on how many jobs
+it has run, not how many records (``bench/spark_job_warmup.py``). A burst of records is a few
+big jobs and leaves it cold; a long-running worker at light load is warm. ``--warm-up-records
+0`` measures the cold case. The map hop's own Spark time per job
+(``onceflow_compute_job_seconds``, from its metrics) is reported over the measured records.
+
 Each record has a user of its own, so its row appears exactly when it was applied. After each
 one, a second record is sent with ``wait=PROCESSED`` (the acker's view: its tree completes once
 its row is in Redis, docs/decisions/0016), and its row is read the moment the reply arrives.
 Reported per setting: p50 and p99 of send -> visible, of ingest's reply, and of send ->
 PROCESSED; how many PROCESSED replies found their row already there (all of them, or the tree
-ended early); and default ÷ baseline.
+ended early); and default ÷ baseline. ``--compute KEY=VALUE`` adds a third pipeline, the default
+with those compute settings (the candidate), and candidate ÷ default.
 
-Run: .venv/bin/python bench/visibility_latency.py [--records 40] [--gap-ms 300] [--json]
+Run: .venv/bin/python bench/visibility_latency.py [--records 40] [--gap-ms 300] [--warm-up-records 300]
+     [--compute KEY=VALUE] [--json]
 """
 
 from __future__ import annotations
@@ -29,18 +38,24 @@ from pathlib import Path
 import grpc
 import typer
 from rich.console import Console
+from rich.progress import Progress
 from rich.table import Table
 
 from onceflow.config import CommonSettings
 from onceflow.redis_client import connect, delete_prefix
 from onceflow.v1 import ingest_pb2, ingest_pb2_grpc, sink_pb2, sink_pb2_grpc
-from onceflow_tools.bench.pipeline import percentile
+from onceflow_tools.bench import histograms
+from onceflow_tools.bench.pipeline import compute_settings, percentile
 from onceflow_tools.infra import stack
 from onceflow_tools.infra.topics import delete_topics, ensure_topics
+from onceflow_tools.process import free_port
 from onceflow_tools.verify.supervisor import Supervisor
 from onceflow_tools.workloads import usersum
 
 console = Console(stderr=True)
+
+JOB_SECONDS = "onceflow_compute_job_seconds"
+WARM_UP_GAP_S = 0.1  # about one Spark job per record: the map hop's job takes about as long
 
 SETTINGS = {
     "baseline": ({"ONCEFLOW_LOOP_LINGER_MS": "100"}, {"LINGER_MS": "200"}),
@@ -48,21 +63,23 @@ SETTINGS = {
 }
 
 
-def _measure(name: str, records: int, gap_s: float) -> dict[str, float]:
-    loop_env, compute_env = SETTINGS[name]
+def _measure(
+    name: str, loop_env: dict[str, str], compute_env: dict[str, str], records: int, gap_s: float, warm_up_records: int
+) -> dict[str, float]:
+    metrics = {"compute": free_port()}
     prefix = f"vis{uuid.uuid4().hex[:6]}."
     common = CommonSettings(topic_prefix=prefix)
     ensure_topics(common.kafka_bootstrap, prefix=prefix)
     supervisor = Supervisor(
         prefix, Path(tempfile.mkdtemp(prefix=f"onceflow-vis-{name}-")),
-        settings={"compute": {"JOB": usersum.JOB, **compute_env}}, env=loop_env,
+        settings={"compute": {"JOB": usersum.JOB, "METRICS_PORT": str(metrics["compute"]), **compute_env}}, env=loop_env,
     )
     try:
         console.print(f"{name}: starting the pipeline (logs in {supervisor.log_dir})")
         supervisor.start_all()
         ingest = ingest_pb2_grpc.IngestStub(grpc.insecure_channel(supervisor.address("ingest")))
         query = sink_pb2_grpc.QueryStub(grpc.insecure_channel(supervisor.address("sink")))
-        visible, replies, processed = [], [], []
+        latencies, replies, processed = [], [], []
         visible_at_processed = 0
 
         def record(record_id: str) -> ingest_pb2.IngestRecord:
@@ -71,18 +88,31 @@ def _measure(name: str, records: int, gap_s: float) -> dict[str, float]:
                 record_id=record_id.encode(), key=user.encode(), payload=json.dumps({"user": user, "amount": 1}).encode()
             )
 
-        for index in range(-5, records):  # five to warm up (first Spark job, first commits)
-            user = f"u{prefix}{index + 5}"
-            sent = time.perf_counter()
-            ingest.Ingest(ingest_pb2.IngestRequest(records=[record(f"{prefix}{index + 5}")]), timeout=30)
-            replied = time.perf_counter()
-            deadline = sent + 60
+        def visible(user: str) -> None:
+            deadline = time.perf_counter() + 60
             while not query.Get(sink_pb2.GetRowRequest(job=usersum.JOB, key=user), timeout=10).found:
                 if time.perf_counter() > deadline:
                     raise RuntimeError(f"{name}: {user} not visible after 60 s")
                 time.sleep(0.002)
+
+        if warm_up_records:
+            console.print(f"{name}: warming the Spark driver with {warm_up_records} one-record sends")
+            with Progress(console=console, transient=True) as progress:
+                task = progress.add_task("warm-up", total=warm_up_records)
+                for index in range(warm_up_records):
+                    ingest.Ingest(ingest_pb2.IngestRequest(records=[record(f"{prefix}w{index}")]), timeout=30)
+                    progress.advance(task)
+                    time.sleep(WARM_UP_GAP_S)
+            visible(f"u{prefix}w{warm_up_records - 1}")
+        warm = histograms.scrape(metrics, (JOB_SECONDS,))
+        for index in range(-5, records):  # five more to settle (or to warm up: first Spark job, first commits)
+            user = f"u{prefix}{index + 5}"
+            sent = time.perf_counter()
+            ingest.Ingest(ingest_pb2.IngestRequest(records=[record(f"{prefix}{index + 5}")]), timeout=30)
+            replied = time.perf_counter()
+            visible(user)
             if index >= 0:
-                visible.append((time.perf_counter() - sent) * 1000)
+                latencies.append((time.perf_counter() - sent) * 1000)
                 replies.append((replied - sent) * 1000)
             time.sleep(gap_s)  # idle between records: each meets a quiet pipeline
             waited_id = f"{prefix}p{index + 5}"
@@ -94,12 +124,19 @@ def _measure(name: str, records: int, gap_s: float) -> dict[str, float]:
                 processed.append((done - sent) * 1000)
                 visible_at_processed += found
             time.sleep(gap_s)
-        console.print(f"{name}: visible p50 {statistics.median(visible):.0f} ms, processed p50 {statistics.median(processed):.0f} ms")
+        jobs, _reset = histograms.difference(warm, histograms.scrape(metrics, (JOB_SECONDS,)))
+        job_seconds, job_count = jobs.get((JOB_SECONDS, usersum.JOB), (0.0, 0.0))
+        job_ms = 1000 * job_seconds / job_count if job_count else float("nan")
+        console.print(
+            f"{name}: visible p50 {statistics.median(latencies):.0f} ms, processed p50 {statistics.median(processed):.0f} ms, "
+            f"Spark job {job_ms:.0f} ms on average over {job_count:.0f} jobs (warm-up: {warm.get((JOB_SECONDS, usersum.JOB), (0, 0))[1]:.0f} jobs)"
+        )
         return {
-            "visible_p50_ms": statistics.median(visible), "visible_p99_ms": percentile(visible, 99),
+            "visible_p50_ms": statistics.median(latencies), "visible_p99_ms": percentile(latencies, 99),
             "reply_p50_ms": statistics.median(replies), "reply_p99_ms": percentile(replies, 99),
             "processed_p50_ms": statistics.median(processed), "processed_p99_ms": percentile(processed, 99),
             "visible_at_processed": float(visible_at_processed), "records": float(records),
+            "spark_job_ms": job_ms, "warm_up_jobs": warm.get((JOB_SECONDS, usersum.JOB), (0.0, 0.0))[1],
         }
     finally:
         supervisor.stop_all()
@@ -108,25 +145,60 @@ def _measure(name: str, records: int, gap_s: float) -> dict[str, float]:
 
 
 def main(
-    records: int = typer.Option(40, help="Records measured per setting (after 5 to warm up)."),
+    records: int = typer.Option(40, help="Records measured per setting (after 5 to settle)."),
     gap_ms: int = typer.Option(300, help="Idle time between one record's visibility and the next send."),
+    warm_up_records: int = typer.Option(
+        300, min=0, help="One-record sends 100 ms apart before measuring, to warm the Spark driver's JVM (0: cold)."
+    ),
+    compute: list[str] = typer.Option(
+        [], help="Also measure the default with this compute setting, KEY=VALUE without the ONCEFLOW_COMPUTE_ prefix "
+        "(repeatable; all of them make one more column, the candidate)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON on stdout."),
 ) -> None:
+    try:
+        candidate = dict(compute_settings(compute))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if fixed := sorted(set(candidate) & {"JOB", "ENGINE", "METRICS_PORT"}):
+        raise typer.BadParameter(f"{fixed}: this bench runs usersum on Spark and reads its own metrics port")
+    settings = dict(SETTINGS)
+    if candidate:
+        settings["candidate"] = ({}, candidate)
     stack.up()
-    results = {name: _measure(name, records, gap_ms / 1000) for name in SETTINGS}
+    results = {
+        name: _measure(name, loop_env, compute_env, records, gap_ms / 1000, warm_up_records)
+        for name, (loop_env, compute_env) in settings.items()
+    }
     base, new = results["baseline"], results["default"]
-    table = Table(title=f"send -> visible through Query.Get, idle pipeline, {records} records each")
-    for column in ("", "baseline (linger 100/200 ms)", "default (linger 5/20 ms)", "default ÷ baseline"):
+    other = results.get("candidate")
+    table = Table(
+        title=f"send -> visible through Query.Get, idle pipeline, {records} records each, "
+        f"after {warm_up_records} one-record warm-up sends"
+    )
+    columns = ["", "baseline (linger 100/200 ms)", "default (linger 5/20 ms)", "default ÷ baseline"]
+    if other is not None:
+        columns += [f"candidate ({' '.join(f'{k}={v}' for k, v in candidate.items())})", "candidate ÷ default"]
+    for column in columns:
         table.add_column(column)
+
+    def more(key: str, ratio: bool = True) -> list[str]:
+        if other is None:
+            return []
+        return [f"{other[key]:.0f}", f"{other[key] / new[key]:.2f}" if ratio else ""]
+
     for key, label in (
         ("visible_p50_ms", "visible p50, ms"), ("visible_p99_ms", "visible p99, ms"),
         ("reply_p50_ms", "ingest reply p50, ms"), ("reply_p99_ms", "ingest reply p99, ms"),
         ("processed_p50_ms", "send -> PROCESSED p50, ms"), ("processed_p99_ms", "send -> PROCESSED p99, ms"),
     ):
-        table.add_row(label, f"{base[key]:.0f}", f"{new[key]:.0f}", f"{new[key] / base[key]:.2f}")
+        table.add_row(label, f"{base[key]:.0f}", f"{new[key]:.0f}", f"{new[key] / base[key]:.2f}", *more(key))
+    for key, label in (("spark_job_ms", "map hop's Spark job, mean ms"), ("warm_up_jobs", "Spark jobs run in the warm-up")):
+        table.add_row(label, f"{base[key]:.0f}", f"{new[key]:.0f}", "", *more(key, ratio=False))
+    there = {name: f"{result['visible_at_processed']:.0f} of {records}" for name, result in results.items()}
     table.add_row(
-        "row there at the PROCESSED reply", f"{base['visible_at_processed']:.0f} of {records}",
-        f"{new['visible_at_processed']:.0f} of {records}", "",
+        "row there at the PROCESSED reply", there["baseline"], there["default"], "",
+        *([there["candidate"], ""] if other is not None else []),
     )
     console.print(table)
     if as_json:
