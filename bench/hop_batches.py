@@ -7,7 +7,9 @@ warmed up, then pushed ``--records`` records as fast as ingest takes them (the s
 difference is reported per hop: transactions, records per transaction, time per transaction
 (``onceflow_batch_records``, ``onceflow_commit_seconds``) and the map hop's Spark time per job
 (``onceflow_compute_job_seconds``). A keyed aggregation's map hop emits one partial per key per
-batch, so its batch count sets how much the merge hop and the sink carry.
+batch, so its batch count sets how much the merge hop and the sink carry. Also every process's
+CPU time over the run, per record and per kind of process (``onceflow_tools.bench.cpu``): on a
+machine where all of them share the cores, that is what sets the rate.
 
 Run: .venv/bin/python bench/hop_batches.py [--records 100000] [--guarantee exactly_once --guarantee at_least_once] [--compute KEY=VALUE]
 """
@@ -22,7 +24,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from onceflow_tools.bench import histograms
+from onceflow_tools.bench import cpu, histograms
 from onceflow_tools.bench.pipeline import GUARANTEES, PipelineOptions, PipelineRun, completion_rate, compute_settings
 from onceflow_tools.infra import stack
 from onceflow_tools.process import free_port
@@ -33,21 +35,25 @@ SERVICES = ("ingest", "dedup", "compute", "sink", "acker")
 HISTOGRAMS = ("onceflow_batch_records", "onceflow_commit_seconds", "onceflow_compute_job_seconds")
 
 
-def _measure(guarantee: str, records: int, compute: tuple[tuple[str, str], ...], log_dir: Path) -> tuple[float, float, histograms.Samples]:
+def _measure(
+    guarantee: str, records: int, compute: tuple[tuple[str, str], ...], log_dir: Path
+) -> tuple[float, float, histograms.Samples, cpu.Usage]:
     run = PipelineRun(guarantee, PipelineOptions(log_dir=log_dir, compute=compute), console.log)
     ports = {service: free_port() for service in SERVICES}
     for service, port in ports.items():
         run.supervisor.settings.setdefault(service, {})["METRICS_PORT"] = str(port)
     with run:
         run.send("warm:", run.options.warm_up_records, 0)
-        before, started = histograms.scrape(ports, HISTOGRAMS), time.monotonic()
+        before, ticks, started = histograms.scrape(ports, HISTOGRAMS), cpu.snapshot(), time.monotonic()
         console.log(f"{guarantee}: {records:,} records as fast as ingest takes them")
         times, _latencies = run.send("sat:", records, 0)
-        wall, after = time.monotonic() - started, histograms.scrape(ports, HISTOGRAMS)
+        wall = time.monotonic() - started
+        used = cpu.usage(ticks, cpu.snapshot(), wall, bench="hop_batches")
+        after = histograms.scrape(ports, HISTOGRAMS)
     delta, reset = histograms.difference(before, after)
     if reset:
         console.log(f"[red]{guarantee}: counters went back (a service restarted?): {reset}; their rows are left out")
-    return completion_rate(times), records / wall, delta
+    return completion_rate(times), records / wall, delta, used
 
 
 def main(
@@ -88,6 +94,16 @@ def main(
             seconds, count = results[g][2].get(("onceflow_compute_job_seconds", job), (0.0, 0.0))
             cells.append(f"{count:,.0f} jobs, {seconds / count:.3f} s" if count else "-")
         table.add_row(f"Spark jobs ({job})", *cells)
+    # CPU per record: on a machine where every process shares two cores, the rate is the cores
+    # divided by this. The bench's own clients are left out of the total: they are not the pipeline.
+    kinds = sorted({k for g in guarantee for k in results[g][3].seconds}, key=lambda k: -results[guarantee[0]][3].seconds.get(k, 0.0))
+    per_record = {g: {k: 1e6 * s / records for k, s in results[g][3].seconds.items()} for g in guarantee}
+    for kind in kinds:
+        if max(per_record[g].get(kind, 0.0) for g in guarantee) >= 1:
+            table.add_row(f"CPU µs per record: {kind}", *(f"{per_record[g].get(kind, 0.0):,.0f}" for g in guarantee))
+    totals = {g: sum(v for k, v in per_record[g].items() if k != "this bench") for g in guarantee}
+    table.add_row("CPU µs per record: the pipeline, all processes but the bench", *(f"{totals[g]:,.0f}" for g in guarantee))
+    table.add_row("CPU, % of one core over the run", *(f"{sum(results[g][3].percent(0).values()):,.0f}" for g in guarantee))
     Console().print(table)
 
 

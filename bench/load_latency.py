@@ -21,7 +21,6 @@ Run: .venv/bin/python bench/load_latency.py [--rate 2800] [--seconds 20] [--guar
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 import time
 import uuid
@@ -39,7 +38,7 @@ from onceflow.config import CommonSettings
 from onceflow.kafka.clients import plain_config
 from onceflow.topology import Topic, job_topic
 from onceflow.v1.acker_pb2 import TreeEvent
-from onceflow_tools.bench import workload
+from onceflow_tools.bench import cpu, workload
 from onceflow_tools.bench.pipeline import GUARANTEES, PROBE_EVERY, PipelineOptions, PipelineRun, compute_settings, percentile
 from onceflow_tools.infra import stack
 
@@ -107,31 +106,6 @@ def _hop_latencies(common: CommonSettings, id_prefix: str) -> dict[str, list[flo
     return {hop: [float(stamps[hop][u] - t) for u, t in written.items() if u in stamps[hop]] for hop in HOPS}
 
 
-def _cpu_ticks() -> dict[int, tuple[int, str]]:
-    """Per process: CPU ticks so far (user + system) and its command line."""
-    found: dict[int, tuple[int, str]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            command = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
-        except OSError:
-            continue
-        found[int(entry)] = (int(fields[11]) + int(fields[12]), command)
-    return found
-
-
-def _label(command: str) -> str:
-    if " -m " in command:
-        return command.split(" -m ", 1)[1].split()[0]
-    if "java" in command:
-        return "Spark JVM" if "spark" in command.lower() else "Kafka broker" if "kafka" in command.lower() else "java"
-    if "redis-server" in command:
-        return "redis-server"
-    return "this bench" if "load_latency" in command else command[:40]
-
-
 def _measure(
     engine: str, guarantee: str, rate: float, seconds: float, log_dir: Path, compute: tuple[tuple[str, str], ...] = ()
 ) -> dict[str, Any]:
@@ -140,15 +114,9 @@ def _measure(
         console.log(f"{engine}: warming up ({options.warm_up_records:,} records)")
         run.send("warm:", options.warm_up_records, 0)
         console.log(f"{engine}: offering {rate:,.0f} records/s for {seconds:.0f} s")
-        before, started = _cpu_ticks(), time.monotonic()
+        before, started = cpu.snapshot(), time.monotonic()
         _times, completed = run.send("load:", int(rate * seconds), rate, probe_every=PROBE_EVERY)
-        after, elapsed = _cpu_ticks(), time.monotonic() - started
-        tick = os.sysconf("SC_CLK_TCK")
-        cpu: dict[str, float] = {}
-        for pid, (ticks, command) in after.items():
-            share = (ticks - before.get(pid, (0, ""))[0]) / tick / elapsed * 100
-            if share >= 1:
-                cpu[_label(command)] = cpu.get(_label(command), 0.0) + share
+        used = cpu.usage(before, cpu.snapshot(), time.monotonic() - started, bench="load_latency")
         hops = _hop_latencies(run.common, "load:")
         visible = run.visible_latencies
     return {
@@ -156,7 +124,7 @@ def _measure(
         "visible_p50_ms": percentile(visible, 50), "visible_p99_ms": percentile(visible, 99),
         "completed_p50_ms": percentile(completed, 50), "completed_p99_ms": percentile(completed, 99),
         "hops": {hop: {"p50": percentile(v, 50), "p99": percentile(v, 99), "probes": len(v)} for hop, v in hops.items() if v},
-        "cpu_percent": dict(sorted(cpu.items(), key=lambda item: -item[1])),
+        "cpu_percent": used.percent(),
     }
 
 

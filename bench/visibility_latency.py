@@ -105,6 +105,7 @@ def _measure(
                     time.sleep(WARM_UP_GAP_S)
             visible(f"u{prefix}w{warm_up_records - 1}")
         warm = histograms.scrape(metrics, (JOB_SECONDS,))
+        warm_up_jobs = warm.get((JOB_SECONDS, usersum.JOB), (0.0, 0.0))[1]
         for index in range(-5, records):  # five more to settle (or to warm up: first Spark job, first commits)
             user = f"u{prefix}{index + 5}"
             sent = time.perf_counter()
@@ -129,14 +130,14 @@ def _measure(
         job_ms = 1000 * job_seconds / job_count if job_count else float("nan")
         console.print(
             f"{name}: visible p50 {statistics.median(latencies):.0f} ms, processed p50 {statistics.median(processed):.0f} ms, "
-            f"Spark job {job_ms:.0f} ms on average over {job_count:.0f} jobs (warm-up: {warm.get((JOB_SECONDS, usersum.JOB), (0, 0))[1]:.0f} jobs)"
+            f"Spark job {job_ms:.0f} ms on average over {job_count:.0f} jobs (warm-up: {warm_up_jobs:.0f} jobs)"
         )
         return {
             "visible_p50_ms": statistics.median(latencies), "visible_p99_ms": percentile(latencies, 99),
             "reply_p50_ms": statistics.median(replies), "reply_p99_ms": percentile(replies, 99),
             "processed_p50_ms": statistics.median(processed), "processed_p99_ms": percentile(processed, 99),
             "visible_at_processed": float(visible_at_processed), "records": float(records),
-            "spark_job_ms": job_ms, "warm_up_jobs": warm.get((JOB_SECONDS, usersum.JOB), (0.0, 0.0))[1],
+            "spark_job_ms": job_ms, "warm_up_jobs": warm_up_jobs,
         }
     finally:
         supervisor.stop_all()

@@ -1,0 +1,32 @@
+"""The benches' CPU accounting: processes summed per kind, between two snapshots."""
+
+import os
+
+from onceflow_tools.bench.cpu import label, snapshot, usage
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def test_kinds_of_process() -> None:
+    assert label("/venv/bin/python -m onceflow_dedup") == "onceflow_dedup"
+    assert label("/usr/bin/java -Xmx1g kafka.Kafka server.properties") == "Kafka broker"
+    assert label("/usr/bin/java -cp pyspark/jars/* org.apache.spark.deploy.SparkSubmit") == "Spark JVM"
+    assert label("/usr/bin/redis-server 127.0.0.1:16379") == "redis-server"
+    assert label("/venv/bin/python bench/hop_batches.py", bench="hop_batches") == "this bench"
+
+
+def test_usage_sums_a_kind_and_counts_new_processes_from_zero() -> None:
+    before = {1: (10 * TICK, "python -m onceflow_sink"), 2: (5 * TICK, "python -m onceflow_sink")}
+    after = {
+        1: (12 * TICK, "python -m onceflow_sink"),
+        2: (6 * TICK, "python -m onceflow_sink"),
+        3: (TICK, "/usr/bin/redis-server"),  # started meanwhile
+        4: (0, "idle"),
+    }
+    used = usage(before, after, elapsed_s=2.0)
+    assert used.seconds == {"onceflow_sink": 3.0, "redis-server": 1.0}
+    assert used.percent() == {"onceflow_sink": 150.0, "redis-server": 50.0}
+
+
+def test_snapshot_sees_this_process() -> None:
+    assert os.getpid() in snapshot()
