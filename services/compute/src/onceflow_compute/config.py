@@ -105,10 +105,10 @@ class ComputeSettings(BaseSettings):
         default=200, ge=1, description="The map hop's longest idle wait for a first record in one poll."
     )
     linger_ms: int = Field(
-        default=20,
+        default=5,
         ge=0,
-        description="After a first record, how long the map hop waits for more before it runs the batch: longer than "
-        "the other hops' 5 ms, since each batch costs a Spark job.",
+        description="After a first record, how long the map hop waits for more before it runs the batch. It applies only "
+        "once the hop has caught up: under load the records that came during the last Spark job make the batch.",
     )
     min_cycle_ms: int = Field(
         default=0,
