@@ -123,6 +123,7 @@ bench: setup
 	$(PY) bench/spark_cluster.py
 	$(PY) bench/nexmark.py
 	$(PY) bench/visibility_latency.py
+	$(PY) bench/spark_job_warmup.py
 	$(PY) bench/load_latency.py
 	$(PY) bench/hop_batches.py
 

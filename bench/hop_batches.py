@@ -95,15 +95,19 @@ def main(
             cells.append(f"{count:,.0f} jobs, {seconds / count:.3f} s" if count else "-")
         table.add_row(f"Spark jobs ({job})", *cells)
     # CPU per record: on a machine where every process shares two cores, the rate is the cores
-    # divided by this. The bench's own clients are left out of the total: they are not the pipeline.
+    # divided by this. The totals count the pipeline's processes only: not the bench's clients,
+    # nor whatever else ran on the machine.
     kinds = sorted({k for g in guarantee for k in results[g][3].seconds}, key=lambda k: -results[guarantee[0]][3].seconds.get(k, 0.0))
     per_record = {g: {k: 1e6 * s / records for k, s in results[g][3].seconds.items()} for g in guarantee}
     for kind in kinds:
         if max(per_record[g].get(kind, 0.0) for g in guarantee) >= 1:
             table.add_row(f"CPU µs per record: {kind}", *(f"{per_record[g].get(kind, 0.0):,.0f}" for g in guarantee))
-    totals = {g: sum(v for k, v in per_record[g].items() if k != "this bench") for g in guarantee}
-    table.add_row("CPU µs per record: the pipeline, all processes but the bench", *(f"{totals[g]:,.0f}" for g in guarantee))
-    table.add_row("CPU, % of one core over the run", *(f"{sum(results[g][3].percent(0).values()):,.0f}" for g in guarantee))
+    totals = {g: sum(v for k, v in per_record[g].items() if cpu.is_pipeline(k)) for g in guarantee}
+    table.add_row("CPU µs per record: the pipeline (services, broker, Spark, Redis)", *(f"{totals[g]:,.0f}" for g in guarantee))
+    table.add_row(
+        "the pipeline's CPU, % of one core over the run",
+        *(f"{sum(v for k, v in results[g][3].percent(0).items() if cpu.is_pipeline(k)):,.0f}" for g in guarantee),
+    )
     Console().print(table)
 
 

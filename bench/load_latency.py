@@ -116,7 +116,7 @@ def _measure(
         console.log(f"{engine}: offering {rate:,.0f} records/s for {seconds:.0f} s")
         before, started = cpu.snapshot(), time.monotonic()
         _times, completed = run.send("load:", int(rate * seconds), rate, probe_every=PROBE_EVERY)
-        used = cpu.usage(before, cpu.snapshot(), time.monotonic() - started, bench="load_latency")
+        used = cpu.usage(before, cpu.snapshot(), time.monotonic() - started, bench="load_latency", min_process_percent=1)
         hops = _hop_latencies(run.common, "load:")
         visible = run.visible_latencies
     return {
@@ -124,7 +124,7 @@ def _measure(
         "visible_p50_ms": percentile(visible, 50), "visible_p99_ms": percentile(visible, 99),
         "completed_p50_ms": percentile(completed, 50), "completed_p99_ms": percentile(completed, 99),
         "hops": {hop: {"p50": percentile(v, 50), "p99": percentile(v, 99), "probes": len(v)} for hop, v in hops.items() if v},
-        "cpu_percent": used.percent(),
+        "cpu_percent": used.percent(floor=0),
     }
 
 

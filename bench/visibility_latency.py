@@ -7,12 +7,14 @@ twice in one run, each on a topic prefix of its own:
   hop 200 ms), which is how the hops batched before ``ONCEFLOW_LOOP_LINGER_MS``;
 - **default**: the shipped settings (5 ms on every hop; the map hop lingered 20 ms until 2026-11-27).
 
-Before measuring, ``--warm-up-records`` one-record sends 100 ms apart warm the Spark driver's
-JVM: it compiles its planner and executor code as jobs run, so its speed depends on how many jobs
-it has run, not how many records (``bench/spark_job_warmup.py``). A burst of records is a few
-big jobs and leaves it cold; a long-running worker at light load is warm. ``--warm-up-records
-0`` measures the cold case. The map hop's own Spark time per job
-(``onceflow_compute_job_seconds``, from its metrics) is reported over the measured records.
+Before measuring, one-record sends 100 ms apart warm the Spark driver's JVM until the map hop
+has run ``--warm-up-jobs`` Spark jobs (read from its ``onceflow_compute_job_seconds`` metric): the
+JVM compiles its planner and executor code as jobs run, so its speed depends on how many jobs it
+has run, not how many records (``bench/spark_job_warmup.py``). Counting jobs gives every setting
+the same warm-up, however it batches. A burst of records is a few big jobs and leaves the JVM
+cold; a long-running worker at light load is warm. ``--warm-up-jobs 0`` measures the cold case.
+The map hop's mean Spark time per job is reported over the measured part (its records, the
+five that settle it and the ``PROCESSED`` sends).
 
 Each record has a user of its own, so its row appears exactly when it was applied. After each
 one, a second record is sent with ``wait=PROCESSED`` (the acker's view: its tree completes once
@@ -22,7 +24,7 @@ PROCESSED; how many PROCESSED replies found their row already there (all of them
 ended early); and default ÷ baseline. ``--compute KEY=VALUE`` adds a third pipeline, the default
 with those compute settings (the candidate), and candidate ÷ default.
 
-Run: .venv/bin/python bench/visibility_latency.py [--records 40] [--gap-ms 300] [--warm-up-records 300]
+Run: .venv/bin/python bench/visibility_latency.py [--records 40] [--gap-ms 300] [--warm-up-jobs 200]
      [--compute KEY=VALUE] [--json]
 """
 
@@ -56,6 +58,7 @@ console = Console(stderr=True)
 
 JOB_SECONDS = "onceflow_compute_job_seconds"
 WARM_UP_GAP_S = 0.1  # about one Spark job per record: the map hop's job takes about as long
+WARM_UP_MAX_SENDS_PER_JOB = 10  # a map hop that runs no jobs is broken, not slow
 
 SETTINGS = {
     "baseline": ({"ONCEFLOW_LOOP_LINGER_MS": "100"}, {"LINGER_MS": "200"}),
@@ -64,7 +67,7 @@ SETTINGS = {
 
 
 def _measure(
-    name: str, loop_env: dict[str, str], compute_env: dict[str, str], records: int, gap_s: float, warm_up_records: int
+    name: str, loop_env: dict[str, str], compute_env: dict[str, str], records: int, gap_s: float, warm_up_jobs: int
 ) -> dict[str, float]:
     metrics = {"compute": free_port()}
     prefix = f"vis{uuid.uuid4().hex[:6]}."
@@ -95,17 +98,27 @@ def _measure(
                     raise RuntimeError(f"{name}: {user} not visible after 60 s")
                 time.sleep(0.002)
 
-        if warm_up_records:
-            console.print(f"{name}: warming the Spark driver with {warm_up_records} one-record sends")
+        def jobs_run() -> float:
+            return float(histograms.scrape(metrics, (JOB_SECONDS,)).get((JOB_SECONDS, usersum.JOB), (0.0, 0.0))[1])
+
+        if warm_up_jobs:
+            # Counted in Spark jobs, not records: a setting that lingers longer batches more
+            # records per job, and would otherwise be measured on a colder JVM.
+            console.print(f"{name}: warming the Spark driver with {warm_up_jobs} map-hop jobs of a record or two")
+            sends = 0
             with Progress(console=console, transient=True) as progress:
-                task = progress.add_task("warm-up", total=warm_up_records)
-                for index in range(warm_up_records):
-                    ingest.Ingest(ingest_pb2.IngestRequest(records=[record(f"{prefix}w{index}")]), timeout=30)
-                    progress.advance(task)
+                task = progress.add_task("warm-up", total=warm_up_jobs)
+                while (done := jobs_run()) < warm_up_jobs:
+                    if sends >= WARM_UP_MAX_SENDS_PER_JOB * warm_up_jobs:
+                        raise RuntimeError(f"{name}: {sends} warm-up sends ran only {done:.0f} Spark jobs")
+                    ingest.Ingest(ingest_pb2.IngestRequest(records=[record(f"{prefix}w{sends}")]), timeout=30)
+                    sends += 1
+                    progress.update(task, completed=done)
                     time.sleep(WARM_UP_GAP_S)
-            visible(f"u{prefix}w{warm_up_records - 1}")
+            if sends:
+                visible(f"u{prefix}w{sends - 1}")
         warm = histograms.scrape(metrics, (JOB_SECONDS,))
-        warm_up_jobs = warm.get((JOB_SECONDS, usersum.JOB), (0.0, 0.0))[1]
+        jobs_before = warm.get((JOB_SECONDS, usersum.JOB), (0.0, 0.0))[1]
         for index in range(-5, records):  # five more to settle (or to warm up: first Spark job, first commits)
             user = f"u{prefix}{index + 5}"
             sent = time.perf_counter()
@@ -125,19 +138,21 @@ def _measure(
                 processed.append((done - sent) * 1000)
                 visible_at_processed += found
             time.sleep(gap_s)
-        jobs, _reset = histograms.difference(warm, histograms.scrape(metrics, (JOB_SECONDS,)))
+        jobs, reset = histograms.difference(warm, histograms.scrape(metrics, (JOB_SECONDS,)))
+        if reset:
+            console.print(f"[red]{name}: the compute worker's counters went back (it restarted?): no Spark time reported")
         job_seconds, job_count = jobs.get((JOB_SECONDS, usersum.JOB), (0.0, 0.0))
-        job_ms = 1000 * job_seconds / job_count if job_count else float("nan")
+        job_ms = 1000 * job_seconds / job_count if job_count else 0.0
         console.print(
             f"{name}: visible p50 {statistics.median(latencies):.0f} ms, processed p50 {statistics.median(processed):.0f} ms, "
-            f"Spark job {job_ms:.0f} ms on average over {job_count:.0f} jobs (warm-up: {warm_up_jobs:.0f} jobs)"
+            f"Spark job {job_ms:.0f} ms on average over {job_count:.0f} jobs (before: {jobs_before:.0f} jobs)"
         )
         return {
             "visible_p50_ms": statistics.median(latencies), "visible_p99_ms": percentile(latencies, 99),
             "reply_p50_ms": statistics.median(replies), "reply_p99_ms": percentile(replies, 99),
             "processed_p50_ms": statistics.median(processed), "processed_p99_ms": percentile(processed, 99),
             "visible_at_processed": float(visible_at_processed), "records": float(records),
-            "spark_job_ms": job_ms, "warm_up_jobs": warm_up_jobs,
+            "spark_job_ms": job_ms, "warm_up_jobs": jobs_before,
         }
     finally:
         supervisor.stop_all()
@@ -148,8 +163,9 @@ def _measure(
 def main(
     records: int = typer.Option(40, help="Records measured per setting (after 5 to settle)."),
     gap_ms: int = typer.Option(300, help="Idle time between one record's visibility and the next send."),
-    warm_up_records: int = typer.Option(
-        300, min=0, help="One-record sends 100 ms apart before measuring, to warm the Spark driver's JVM (0: cold)."
+    warm_up_jobs: int = typer.Option(
+        200, min=0, help="Spark jobs the map hop runs before measuring (one-record sends 100 ms apart), to warm the "
+        "driver's JVM (0: cold)."
     ),
     compute: list[str] = typer.Option(
         [], help="Also measure the default with this compute setting, KEY=VALUE without the ONCEFLOW_COMPUTE_ prefix "
@@ -168,14 +184,14 @@ def main(
         settings["candidate"] = ({}, candidate)
     stack.up()
     results = {
-        name: _measure(name, loop_env, compute_env, records, gap_ms / 1000, warm_up_records)
+        name: _measure(name, loop_env, compute_env, records, gap_ms / 1000, warm_up_jobs)
         for name, (loop_env, compute_env) in settings.items()
     }
     base, new = results["baseline"], results["default"]
     other = results.get("candidate")
     table = Table(
         title=f"send -> visible through Query.Get, idle pipeline, {records} records each, "
-        f"after {warm_up_records} one-record warm-up sends"
+        f"after {warm_up_jobs} warm-up Spark jobs"
     )
     columns = ["", "baseline (linger 100/200 ms)", "default (linger 5 ms)", "default ÷ baseline"]
     if other is not None:
@@ -194,7 +210,7 @@ def main(
         ("processed_p50_ms", "send -> PROCESSED p50, ms"), ("processed_p99_ms", "send -> PROCESSED p99, ms"),
     ):
         table.add_row(label, f"{base[key]:.0f}", f"{new[key]:.0f}", f"{new[key] / base[key]:.2f}", *more(key))
-    for key, label in (("spark_job_ms", "map hop's Spark job, mean ms"), ("warm_up_jobs", "Spark jobs run in the warm-up")):
+    for key, label in (("spark_job_ms", "map hop's Spark job, mean ms"), ("warm_up_jobs", "Spark jobs run before measuring")):
         table.add_row(label, f"{base[key]:.0f}", f"{new[key]:.0f}", "", *more(key, ratio=False))
     there = {name: f"{result['visible_at_processed']:.0f} of {records}" for name, result in results.items()}
     table.add_row(

@@ -2,7 +2,7 @@
 
 import os
 
-from onceflow_tools.bench.cpu import label, snapshot, usage
+from onceflow_tools.bench.cpu import is_pipeline, label, snapshot, usage
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -30,3 +30,14 @@ def test_usage_sums_a_kind_and_counts_new_processes_from_zero() -> None:
 
 def test_snapshot_sees_this_process() -> None:
     assert os.getpid() in snapshot()
+
+
+def test_a_process_under_the_floor_is_left_out_before_summing() -> None:
+    before = {1: (0, "python -m onceflow_sink"), 2: (0, "python -m onceflow_sink")}
+    after = {1: (TICK, "python -m onceflow_sink"), 2: (TICK // 100, "python -m onceflow_sink")}
+    assert usage(before, after, elapsed_s=10.0, min_process_percent=1).seconds == {"onceflow_sink": 1.0}
+
+
+def test_the_pipeline_is_its_services_and_what_they_run_on() -> None:
+    assert all(is_pipeline(k) for k in ("onceflow_dedup", "Kafka broker", "Spark JVM", "redis-server"))
+    assert not any(is_pipeline(k) for k in ("this bench", "/usr/bin/python3 -c something", "java"))

@@ -50,14 +50,24 @@ class Usage:
         return dict(sorted(((k, v) for k, v in shares.items() if v >= floor), key=lambda item: -item[1]))
 
 
-def usage(before: Snapshot, after: Snapshot, elapsed_s: float, bench: str = "") -> Usage:
+PIPELINE_KINDS = ("Kafka broker", "Spark JVM", "redis-server")  # and every onceflow_* module
+
+
+def is_pipeline(kind: str) -> bool:
+    """A service, or what the services run on: not the bench, nor anything else on the machine."""
+    return kind in PIPELINE_KINDS or kind.startswith("onceflow_")
+
+
+def usage(before: Snapshot, after: Snapshot, elapsed_s: float, bench: str = "", min_process_percent: float = 0.0) -> Usage:
     """CPU seconds per kind of process between two snapshots (a process that started meanwhile
-    counts from zero; one that ended is lost, so snapshot around a phase nobody exits in)."""
+    counts from zero; one that ended is lost, so snapshot around a phase nobody exits in).
+    Processes under ``min_process_percent`` of a core are left out before summing."""
     tick = os.sysconf("SC_CLK_TCK")
+    elapsed_s = max(elapsed_s, 1e-9)
     seconds: dict[str, float] = {}
     for pid, (ticks, command) in after.items():
         spent = (ticks - before.get(pid, (0, ""))[0]) / tick
-        if spent > 0:
+        if spent > 0 and 100 * spent / elapsed_s >= min_process_percent:
             kind = label(command, bench)
             seconds[kind] = seconds.get(kind, 0.0) + spent
-    return Usage(seconds, max(elapsed_s, 1e-9))
+    return Usage(seconds, elapsed_s)
