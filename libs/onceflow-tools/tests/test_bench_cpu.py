@@ -41,3 +41,5 @@ def test_a_process_under_the_floor_is_left_out_before_summing() -> None:
 def test_the_pipeline_is_its_services_and_what_they_run_on() -> None:
     assert all(is_pipeline(k) for k in ("onceflow_dedup", "Kafka broker", "Spark JVM", "redis-server"))
     assert not any(is_pipeline(k) for k in ("this bench", "/usr/bin/python3 -c something", "java"))
+    used = usage({}, {1: (2 * TICK, "python -m onceflow_acker"), 2: (3 * TICK, "python bench/x.py")}, 4.0, bench="x.py")
+    assert used.pipeline_seconds() == 2.0

@@ -38,6 +38,14 @@ def label(command: str, bench: str = "") -> str:
     return "this bench" if bench and bench in command else command[:40]
 
 
+PIPELINE_KINDS = ("Kafka broker", "Spark JVM", "redis-server")  # and every onceflow_* module
+
+
+def is_pipeline(kind: str) -> bool:
+    """A service, or what the services run on: not the bench, nor anything else on the machine."""
+    return kind in PIPELINE_KINDS or kind.startswith("onceflow_")
+
+
 @dataclass(frozen=True)
 class Usage:
     seconds: dict[str, float]  # kind -> CPU seconds over the phase
@@ -49,13 +57,9 @@ class Usage:
         shares = {kind: 100 * seconds / self.elapsed_s for kind, seconds in self.seconds.items()}
         return dict(sorted(((k, v) for k, v in shares.items() if v >= floor), key=lambda item: -item[1]))
 
-
-PIPELINE_KINDS = ("Kafka broker", "Spark JVM", "redis-server")  # and every onceflow_* module
-
-
-def is_pipeline(kind: str) -> bool:
-    """A service, or what the services run on: not the bench, nor anything else on the machine."""
-    return kind in PIPELINE_KINDS or kind.startswith("onceflow_")
+    def pipeline_seconds(self) -> float:
+        """CPU seconds of the pipeline's processes alone (``is_pipeline``)."""
+        return sum(seconds for kind, seconds in self.seconds.items() if is_pipeline(kind))
 
 
 def usage(before: Snapshot, after: Snapshot, elapsed_s: float, bench: str = "", min_process_percent: float = 0.0) -> Usage:
