@@ -2,7 +2,9 @@
 
 import os
 
-from onceflow_tools.bench.cpu import is_pipeline, label, snapshot, usage
+from onceflow_tools.bench.cpu import (
+    HopCpu, SpanMeter, busiest_python_thread_seconds, descendants, is_pipeline, label, snapshot, usage,
+)
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -43,3 +45,46 @@ def test_the_pipeline_is_its_services_and_what_they_run_on() -> None:
     assert not any(is_pipeline(k) for k in ("this bench", "/usr/bin/python3 -c something", "java"))
     used = usage({}, {1: (2 * TICK, "python -m onceflow_acker"), 2: (3 * TICK, "python bench/x.py")}, 4.0, bench="x.py")
     assert used.pipeline_seconds() == 2.0
+
+
+def test_a_process_tree_is_its_root_and_everything_below() -> None:
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        found = descendants([os.getpid()])
+        assert {os.getpid(), child.pid} <= found
+        assert os.getppid() not in found
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_the_busiest_python_thread_is_named_like_its_process() -> None:
+    before = {1: (0, "python"), 2: (0, "rdk:main"), 3: (TICK, "python")}
+    after = {1: (TICK, "python"), 2: (5 * TICK, "rdk:main"), 3: (4 * TICK, "python"), 4: (TICK, "python")}
+    # librdkafka's thread is busier, but it runs without the GIL: thread 3 is the bound.
+    assert busiest_python_thread_seconds(1, before, after) == 3.0
+    assert busiest_python_thread_seconds(1, {}, {1: (TICK, "java"), 2: (9 * TICK, "java")}) is None
+
+
+def test_a_span_meter_sees_the_contender_spin_and_bounds_it_by_its_thread() -> None:
+    import subprocess
+    import sys
+    import time
+
+    spin = "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass\ntime.sleep(30)"
+    contender = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        meter = SpanMeter([contender.pid])
+        meter.start()
+        time.sleep(1.5)
+        cpu = meter.stop(records=1000)
+    finally:
+        contender.kill()
+        contender.wait()
+    # 0.6 s of one thread over 1,000 records: about 600 µs each, so at most about 1,667/s.
+    assert cpu.busiest_thread_us is not None and 300 <= cpu.busiest_thread_us <= cpu.own_us + 1e-9
+    assert cpu.thread_bound_per_s is not None and cpu.thread_bound_per_s == 1e6 / cpu.busiest_thread_us
+    assert HopCpu(10, None, 1, 1).thread_bound_per_s is None

@@ -104,6 +104,30 @@ def test_time_backlog_spans_from_the_first_commit_and_from_the_start() -> None:
     assert run.start_seconds is not None and run.start_seconds >= 10.0 + run.seconds
 
 
+class _SlowToAnswer:
+    """A group whose coordinator takes 0.3 s to answer the question that finds it done."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def committed(self) -> int:
+        import time
+
+        self.asked += 1
+        if self.asked == 1:
+            return 100
+        time.sleep(0.3)
+        return 500
+
+
+def test_a_slow_answer_is_dated_when_it_came_not_when_it_was_asked() -> None:
+    from onceflow_tools.bench.watch import time_backlog
+
+    run = time_backlog(_SlowToAnswer(), 500, lambda: True)  # type: ignore[arg-type]
+    # Dated at the question, 400 records would have seemed to take 0.05 s (8,000/s).
+    assert run.records == 400 and run.seconds >= 0.3
+
+
 def test_a_peer_contender_may_name_its_commit_interval_and_nothing_else_may() -> None:
     assert hops.parse_contender("dedup") == ("dedup", None)
     assert hops.parse_contender("quix-dedup@5") == ("quix-dedup", 5.0)

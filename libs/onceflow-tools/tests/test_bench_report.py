@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from onceflow_tools.bench.cpu import HopCpu
 from onceflow_tools.bench.pipeline import ModeResult, RatePoint, completion_rate, percentile
 from onceflow_tools.bench.report import Report, write
 from onceflow_tools.bench.watch import BacklogRun
@@ -41,6 +42,18 @@ def test_the_pipeline_is_set_against_the_copier_chain_when_both_ran() -> None:
     assert "exactly_once_vs_copier_chain" not in report.ratios()
     report.hops["copier-chain"] = BacklogRun(3000, 1.0)
     assert report.ratios()["exactly_once_vs_copier_chain"] == pytest.approx(0.3)
+
+
+def test_a_python_hop_is_bounded_by_its_busiest_thread_against_the_copier() -> None:
+    report = _report(eos=900, alos=1000, p99_at_half=1500)
+    assert not any("thread_bound" in name for name in report.ratios())
+    # 50 µs per record on its busiest thread: at most 20,000/s; the copier ran 10,000/s.
+    report.hops["dedup"] = BacklogRun(1000, 0.2, cpu=HopCpu(own_us=80, busiest_thread_us=50, broker_us=10, redis_us=2))
+    report.hops["kstreams-dedup"] = BacklogRun(1000, 0.1, cpu=HopCpu(own_us=30, busiest_thread_us=None, broker_us=9, redis_us=0))
+    ratios = report.ratios()
+    assert ratios["dedup_thread_bound_vs_copier"] == pytest.approx(2.0)
+    assert "kstreams-dedup_thread_bound_vs_copier" not in ratios
+    assert json.loads(json.dumps(report.as_json()))["hops"]["dedup"]["cpu"]["busiest_thread_us"] == 50
 
 
 def test_a_slow_exactly_once_pipeline_misses_its_targets() -> None:

@@ -5,6 +5,7 @@ Redis). On a 2-core machine everything shares, so a rate means little without wh
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,3 +76,113 @@ def usage(before: Snapshot, after: Snapshot, elapsed_s: float, bench: str = "", 
             kind = label(command, bench)
             seconds[kind] = seconds.get(kind, 0.0) + spent
     return Usage(seconds, elapsed_s)
+
+
+def _stat(path: str) -> list[str]:
+    """The fields of a /proc stat file after the command name (state first, then ppid, ...)."""
+    return Path(path).read_text().rsplit(")", 1)[1].split()
+
+
+def descendants(roots: Iterable[int]) -> set[int]:
+    """``roots`` and every live process below them: compute's Spark JVM is its child."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                children.setdefault(int(_stat(f"/proc/{entry}/stat")[1]), []).append(int(entry))
+            except OSError:
+                continue
+    found, todo = set(), list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, ()))
+    return found
+
+
+# tid -> (CPU ticks so far, thread name)
+Threads = dict[int, tuple[int, str]]
+
+
+def threads(pid: int) -> Threads:
+    """Every thread of ``pid`` (none if it is gone)."""
+    found: Threads = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tids:
+        try:
+            fields = _stat(f"/proc/{pid}/task/{tid}/stat")
+            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+        except OSError:
+            continue
+        found[int(tid)] = (int(fields[11]) + int(fields[12]), name)
+    return found
+
+
+def busiest_python_thread_seconds(pid: int, before: Threads, after: Threads) -> float | None:
+    """CPU seconds of ``pid``'s busiest Python thread between two thread snapshots, or None if
+    ``pid`` is not a Python process. Python's threads keep the process's own name (librdkafka
+    names its threads rdk:*, gRPC grpc_*), and one thread can use at most one core: so a hop
+    whose loop runs on one thread can move no more than 1 / (this ÷ records) records a second."""
+    process_name = after.get(pid, before.get(pid, (0, "")))[1]
+    if not process_name.startswith("python"):
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    spent = [
+        (ticks - before.get(tid, (0, ""))[0]) / tick
+        for tid, (ticks, name) in after.items() if name == process_name
+    ]
+    return max(spent, default=0.0)
+
+
+@dataclass(frozen=True)
+class HopCpu:
+    """What one contender of the hop table cost per record over its timed span, in CPU µs."""
+    own_us: float  # its processes and their children (compute's Spark JVM included)
+    busiest_thread_us: float | None  # its busiest Python thread (None for a JVM contender)
+    broker_us: float
+    redis_us: float
+
+    @property
+    def thread_bound_per_s(self) -> float | None:
+        """The most records a second its busiest thread allows, at one core."""
+        return None if not self.busiest_thread_us else 1e6 / self.busiest_thread_us
+
+
+class SpanMeter:
+    """CPU of a contender's processes, its threads, the broker and Redis between ``start()``
+    and ``stop()``: the span its rate is timed over."""
+
+    def __init__(self, pids: Sequence[int]) -> None:
+        self._pids = list(pids)
+        self._before: Snapshot = {}
+        self._threads: dict[int, Threads] = {}
+
+    def start(self) -> None:
+        self._before = snapshot()
+        self._threads = {pid: threads(pid) for pid in self._pids}
+
+    def stop(self, records: int) -> HopCpu:
+        after = snapshot()
+        threads_after = {pid: threads(pid) for pid in self._pids}
+        tick, per_record = os.sysconf("SC_CLK_TCK"), 1e6 / max(records, 1)
+        own = descendants(self._pids)
+        spent: dict[str, float] = {"own": 0.0, "Kafka broker": 0.0, "redis-server": 0.0}
+        for pid, (ticks, command) in after.items():
+            seconds = (ticks - self._before.get(pid, (0, ""))[0]) / tick
+            kind = "own" if pid in own else label(command)
+            if kind in spent:
+                spent[kind] += seconds
+        busiest = [
+            busiest_python_thread_seconds(pid, self._threads.get(pid, {}), threads_after[pid]) for pid in self._pids
+        ]
+        thread_seconds = [s for s in busiest if s is not None]
+        return HopCpu(
+            own_us=spent["own"] * per_record,
+            busiest_thread_us=max(thread_seconds) * per_record if thread_seconds else None,
+            broker_us=spent["Kafka broker"] * per_record,
+            redis_us=spent["redis-server"] * per_record,
+        )

@@ -31,6 +31,7 @@ from onceflow.redis_client import connect, delete_prefix
 from onceflow.topology import Topic, job_topic
 from onceflow.v1 import admin_pb2, admin_pb2_grpc
 from onceflow_tools.bench import workload
+from onceflow_tools.bench.cpu import SpanMeter
 from onceflow_tools.bench.watch import BacklogRun, GroupWatch, time_backlog
 from onceflow_tools.infra.kafka import java_executable
 from onceflow_tools.infra.topics import TopicSpec, delete_topics, ensure_topics, job_specs
@@ -105,11 +106,19 @@ def _namespace(tag: str) -> Iterator[CommonSettings]:
         delete_prefix(connect(common.redis_url), prefix)
 
 
+def _metered(pids: Sequence[int], timed: Callable[[Callable[[], None]], BacklogRun]) -> BacklogRun:
+    """``timed(on_first)``, with the CPU its contender (``pids`` and their children), the broker
+    and Redis spent from its first commit to its end."""
+    meter = SpanMeter(pids)
+    run = timed(meter.start)
+    return replace(run, cpu=meter.stop(run.records))
+
+
 def _run_peer(process: ServiceProcess, watch: GroupWatch, total: int) -> BacklogRun:
     started = time.monotonic()
     process.start()
     try:
-        return time_backlog(watch, total, process.alive, started=started)
+        return _metered([process.pid], lambda on_first: time_backlog(watch, total, process.alive, started=started, on_first=on_first))
     finally:
         watch.close()
         if process.alive():
@@ -143,7 +152,9 @@ def _run_service(
             admin.Resume(admin_pb2.ResumeRequest(), metadata=token, timeout=30)
         total = options.warm_up_records + options.records
         with _profiled(process, options.profile_dir, name):
-            return time_backlog(watch, total, process.alive, finished, after=options.warm_up_records)
+            return _metered([process.pid], lambda on_first: time_backlog(
+                watch, total, process.alive, finished, after=options.warm_up_records, on_first=on_first,
+            ))
     finally:
         watch.close()
         if process.alive():
@@ -231,9 +242,10 @@ def copier_chain(options: HopOptions) -> BacklogRun:
             process.start()
         try:
             # The backlog has no transaction markers, so the first copier's offsets count records.
-            return time_backlog(
-                watches[0], options.records, lambda: all(p.alive() for p in processes), delivered, started=started,
-            )
+            return _metered([p.pid for p in processes], lambda on_first: time_backlog(
+                watches[0], options.records, lambda: all(p.alive() for p in processes), delivered,
+                started=started, on_first=on_first,
+            ))
         finally:
             for watch in watches:
                 watch.close()

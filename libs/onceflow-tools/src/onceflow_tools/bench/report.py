@@ -56,6 +56,12 @@ class Report:
         for name in ("dedup", "compute", "quix-dedup", "quix-keyed-count", "kstreams-dedup", "kstreams-keyed-count"):
             if name in rate and "copier" in rate:
                 ratios[f"{name}_vs_copier"] = rate[name] / rate["copier"]
+        # The most a Python contender could reach × copier if nothing but its busiest thread's
+        # CPU limited it: that thread cannot run on more than one core.
+        for name, run in self.hops.items():
+            bound = run.cpu.thread_bound_per_s if run.cpu else None
+            if bound and name != "copier" and "copier" in rate:
+                ratios[f"{name}_thread_bound_vs_copier"] = bound / rate["copier"]
         return ratios
 
     def p99_at_half_load(self) -> float | None:
@@ -114,7 +120,7 @@ def print_tables(report: Report, console: Console) -> None:
         console.print(table)
     if report.hops:
         table = Table(title=f"one hop on a backlog of {report.hop_records:,} records (first commit → all committed)")
-        numbers = ("records/s", "× copier", "from process start")
+        numbers = ("records/s", "× copier", "from process start", "CPU µs/record: own / busiest thread / broker / Redis", "≤ × copier by its busiest thread")
         for column in ("contender", *numbers, "one transaction"):
             table.add_column(column, justify="right" if column in numbers else "left")
         copier = report.hops.get("copier")
@@ -123,7 +129,7 @@ def print_tables(report: Report, console: Console) -> None:
             whole = run.records_per_s_from_start
             table.add_row(
                 name, f"{run.records_per_s:,.0f}", ratio, "-" if whole is None else f"{whole:,.0f}",
-                report.hop_transactions.get(name, ""),
+                *_cpu_cells(run, copier), report.hop_transactions.get(name, ""),
             )
         console.print(table)
     for part, why in report.failures.items():
@@ -137,6 +143,17 @@ def print_tables(report: Report, console: Console) -> None:
     if p99 is not None:
         ok = verdicts["p99_under_2s_at_half_load"]
         console.print(f"exactly-once p99 at half the sustainable rate: {p99:,.0f} ms {'[green]< 2 s[/]' if ok else '[red]≥ 2 s[/]'}")
+
+
+def _cpu_cells(run: BacklogRun, copier: BacklogRun | None) -> tuple[str, str]:
+    """A contender's CPU per record and what its busiest thread allows it against the copier."""
+    cpu = run.cpu
+    if cpu is None:
+        return "-", "-"
+    thread = "-" if cpu.busiest_thread_us is None else f"{cpu.busiest_thread_us:.1f}"
+    spent = f"{cpu.own_us:.1f} / {thread} / {cpu.broker_us:.1f} / {cpu.redis_us:.1f}"
+    bound = cpu.thread_bound_per_s
+    return spent, "-" if bound is None or copier is None else f"{bound / copier.records_per_s:.2f}"
 
 
 def write(report: Report, folder: Path) -> tuple[Path, Path | None]:
