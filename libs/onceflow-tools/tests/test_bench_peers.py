@@ -154,3 +154,17 @@ def test_a_peer_run_at_several_intervals_is_judged_at_its_best() -> None:
         "dedup": BacklogRun(1000, 0.1), "quix-dedup@5": BacklogRun(1000, 0.4), "quix-dedup@1": BacklogRun(1000, 0.2),
     })
     assert report.ratios()["dedup_vs_quix"] == pytest.approx(2.0)
+
+
+def test_the_broker_is_warmed_until_the_copier_stops_speeding_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    from onceflow_tools.bench.watch import BacklogRun
+
+    def runs(rates: list[float]) -> list[float]:
+        seen = iter(rates)
+        monkeypatch.setattr(hops, "copier", lambda _options: BacklogRun(int(next(seen)), 1.0))
+        return hops.warm_broker(hops.HopOptions())
+
+    # A fresh broker: the copier doubles twice, then holds within 10%.
+    assert runs([20_000, 45_000, 88_000, 92_000, 130_000]) == [20_000, 45_000, 88_000, 92_000]
+    assert len(runs([1_000 * 2**n for n in range(20)])) == hops.WARM_MAX_RUNS
+    assert hops.warm_broker(hops.HopOptions(warm_up_records=0)) == []

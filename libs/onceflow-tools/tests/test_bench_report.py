@@ -44,15 +44,20 @@ def test_the_pipeline_is_set_against_the_copier_chain_when_both_ran() -> None:
     assert report.ratios()["exactly_once_vs_copier_chain"] == pytest.approx(0.3)
 
 
-def test_a_python_hop_is_bounded_by_its_busiest_thread_against_the_copier() -> None:
+def test_a_hop_is_bounded_by_its_busiest_thread_and_the_machine_against_the_copier() -> None:
     report = _report(eos=900, alos=1000, p99_at_half=1500)
-    assert not any("thread_bound" in name for name in report.ratios())
+    assert not any("cpu_bound" in name for name in report.ratios())
     # 50 µs per record on its busiest thread: at most 20,000/s; the copier ran 10,000/s.
     report.hops["dedup"] = BacklogRun(1000, 0.2, cpu=HopCpu(own_us=80, busiest_thread_us=50, broker_us=10, redis_us=2))
     report.hops["kstreams-dedup"] = BacklogRun(1000, 0.1, cpu=HopCpu(own_us=30, busiest_thread_us=None, broker_us=9, redis_us=0))
+    report.cores = 2
     ratios = report.ratios()
-    assert ratios["dedup_thread_bound_vs_copier"] == pytest.approx(2.0)
-    assert "kstreams-dedup_thread_bound_vs_copier" not in ratios
+    # Its thread allows 20,000/s; two cores at 80 + 10 + 2 µs a record, 21,739/s: the thread binds.
+    assert ratios["dedup_cpu_bound_vs_copier"] == pytest.approx(2.0)
+    # A JVM has no one thread to bound it: the machine does, 2 cores ÷ 39 µs = 51,282/s.
+    assert ratios["kstreams-dedup_cpu_bound_vs_copier"] == pytest.approx(2e6 / 39 / 10_000)
+    report.cores = 1
+    assert report.ratios()["dedup_cpu_bound_vs_copier"] == pytest.approx(1e6 / 92 / 10_000)
     assert json.loads(json.dumps(report.as_json()))["hops"]["dedup"]["cpu"]["busiest_thread_us"] == 50
 
 

@@ -151,6 +151,17 @@ class HopCpu:
         """The most records a second its busiest thread allows, at one core."""
         return None if not self.busiest_thread_us else 1e6 / self.busiest_thread_us
 
+    def machine_bound_per_s(self, cores: int) -> float:
+        """The most records a second ``cores`` allow if the contender, the broker and Redis had
+        them all, at this CPU per record."""
+        return cores * 1e6 / max(self.own_us + self.broker_us + self.redis_us, 1e-9)
+
+    def bound_per_s(self, cores: int) -> float:
+        """The lower of the two: no rate of this contender can pass it at this CPU per record."""
+        thread = self.thread_bound_per_s
+        machine = self.machine_bound_per_s(cores)
+        return machine if thread is None else min(thread, machine)
+
 
 class SpanMeter:
     """CPU of a contender's processes, its threads, the broker and Redis between ``start()``

@@ -30,6 +30,8 @@ class Report:
     hop_records: int = 0
     hop_transactions: dict[str, str] = field(default_factory=dict)  # what one transaction holds, per contender
     failures: dict[str, str] = field(default_factory=dict)  # a part that could not be measured -> why
+    cores: int = field(default_factory=lambda: os.cpu_count() or 1)
+    broker_warm_up: list[float] = field(default_factory=list)  # the untimed copier runs' rates, in order
 
     def ratios(self) -> dict[str, float]:
         ratios: dict[str, float] = {}
@@ -56,12 +58,11 @@ class Report:
         for name in ("dedup", "compute", "quix-dedup", "quix-keyed-count", "kstreams-dedup", "kstreams-keyed-count"):
             if name in rate and "copier" in rate:
                 ratios[f"{name}_vs_copier"] = rate[name] / rate["copier"]
-        # The most a Python contender could reach × copier if nothing but its busiest thread's
-        # CPU limited it: that thread cannot run on more than one core.
+        # The most a contender could reach × copier at its CPU per record: its busiest thread
+        # cannot use more than one core, nor it, the broker and Redis more than the machine's.
         for name, run in self.hops.items():
-            bound = run.cpu.thread_bound_per_s if run.cpu else None
-            if bound and name != "copier" and "copier" in rate:
-                ratios[f"{name}_thread_bound_vs_copier"] = bound / rate["copier"]
+            if run.cpu and name != "copier" and "copier" in rate:
+                ratios[f"{name}_cpu_bound_vs_copier"] = run.cpu.bound_per_s(self.cores) / rate["copier"]
         return ratios
 
     def p99_at_half_load(self) -> float | None:
@@ -89,6 +90,7 @@ class Report:
                 for name, run in self.hops.items()
             },
             "hop_records": self.hop_records,
+            "broker_warm_up_copier_records_per_s": self.broker_warm_up,
             "hop_transactions": self.hop_transactions,
             "failures": self.failures,
             "ratios": self.ratios(),
@@ -120,7 +122,7 @@ def print_tables(report: Report, console: Console) -> None:
         console.print(table)
     if report.hops:
         table = Table(title=f"one hop on a backlog of {report.hop_records:,} records (first commit → all committed)")
-        numbers = ("records/s", "× copier", "from process start", "CPU µs/record: own / busiest thread / broker / Redis", "≤ × copier by its busiest thread")
+        numbers = ("records/s", "× copier", "from process start", "CPU µs/record: own / busiest thread / broker / Redis", "≤ × copier by CPU: thread / machine")
         for column in ("contender", *numbers, "one transaction"):
             table.add_column(column, justify="right" if column in numbers else "left")
         copier = report.hops.get("copier")
@@ -129,7 +131,7 @@ def print_tables(report: Report, console: Console) -> None:
             whole = run.records_per_s_from_start
             table.add_row(
                 name, f"{run.records_per_s:,.0f}", ratio, "-" if whole is None else f"{whole:,.0f}",
-                *_cpu_cells(run, copier), report.hop_transactions.get(name, ""),
+                *_cpu_cells(run, copier, report.cores), report.hop_transactions.get(name, ""),
             )
         console.print(table)
     for part, why in report.failures.items():
@@ -145,15 +147,18 @@ def print_tables(report: Report, console: Console) -> None:
         console.print(f"exactly-once p99 at half the sustainable rate: {p99:,.0f} ms {'[green]< 2 s[/]' if ok else '[red]≥ 2 s[/]'}")
 
 
-def _cpu_cells(run: BacklogRun, copier: BacklogRun | None) -> tuple[str, str]:
-    """A contender's CPU per record and what its busiest thread allows it against the copier."""
+def _cpu_cells(run: BacklogRun, copier: BacklogRun | None, cores: int) -> tuple[str, str]:
+    """A contender's CPU per record, and the most × copier its busiest thread and the machine's
+    cores allow at that cost."""
     cpu = run.cpu
     if cpu is None:
         return "-", "-"
     thread = "-" if cpu.busiest_thread_us is None else f"{cpu.busiest_thread_us:.1f}"
     spent = f"{cpu.own_us:.1f} / {thread} / {cpu.broker_us:.1f} / {cpu.redis_us:.1f}"
-    bound = cpu.thread_bound_per_s
-    return spent, "-" if bound is None or copier is None else f"{bound / copier.records_per_s:.2f}"
+    if copier is None:
+        return spent, "-"
+    by_thread = "-" if cpu.thread_bound_per_s is None else f"{cpu.thread_bound_per_s / copier.records_per_s:.2f}"
+    return spent, f"{by_thread} / {cpu.machine_bound_per_s(cores) / copier.records_per_s:.2f}"
 
 
 def write(report: Report, folder: Path) -> tuple[Path, Path | None]:
