@@ -10,6 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from onceflow import faults
 from onceflow.config import CommonSettings
@@ -127,6 +129,35 @@ def test_a_dedup_store_with_more_than_one_chunk_is_checked_between_chunks(client
     store.apply(many, checkpoint=len(many))
     assert len(store) == len(many) and connection.hget(store.keys.meta, "checkpoint") == str(len(many)).encode()
     store.audit()
+
+
+# Transactions of changes over a few ids: filed under a bucket, moved to another, or deleted (None).
+_IDS = [f"id-{n}".encode() for n in range(6)]
+_CHANGES = st.lists(st.dictionaries(st.sampled_from(_IDS), st.sampled_from([b"1000", b"2000", b"3000", None])), max_size=6)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(transactions=_CHANGES)
+def test_the_dedup_store_files_every_id_as_a_plain_dictionary_would(client, transactions) -> None:
+    """The apply script files new ids in bulk and the rest one by one; whatever the mix, the ids
+    hash, the bucket sets (what GC deletes by) and the count must be exactly a dictionary's."""
+    connection, prefix = client
+    store = DedupStore(connection, f"{prefix}{uuid.uuid4().hex[:6]}.", 0, BucketSpec(1000, 10_000, 1000))
+    model: dict[bytes, bytes] = {}
+    for n, changes in enumerate(transactions, start=1):
+        store.apply(changes, checkpoint=n)
+        for key, value in changes.items():
+            if value is None:
+                model.pop(key, None)
+            else:
+                model[key] = value
+        assert connection.hgetall(store.keys.ids) == model
+        buckets: dict[bytes, set[bytes]] = {}
+        for key, value in model.items():
+            buckets.setdefault(value, set()).add(key)
+        held = {key.rsplit(b":", 1)[1]: connection.smembers(key) for key in connection.scan_iter(match=f"{store.keys.bucket_prefix}*")}
+        assert held == buckets, "a bucket set must hold exactly its ids, and an empty one must be gone"
+        store.audit()  # the count matches what is held
 
 
 def test_a_zombie_dedup_store_can_neither_write_nor_rebuild(client) -> None:

@@ -77,15 +77,27 @@ end
 # ARGV[3]: the new checkpoint ('' keeps it); then id, bucket pairs ('' bucket = delete).
 _APPLY = _CONTINUITY + """
 local bucket_prefix = KEYS[3]
-local added = 0
-for i = 4, #ARGV, 2 do
-  local id, bucket = ARGV[i], ARGV[i + 1]
-  -- The common case, a new id, costs two commands.
-  if bucket ~= '' and redis.call('HSETNX', ids, id, bucket) == 1 then
-    redis.call('SADD', bucket_prefix .. bucket, id)
+local names = {}
+for i = 4, #ARGV, 2 do names[#names + 1] = ARGV[i] end
+-- Every id's bucket now, in one HMGET per SLICE ids (Lua's unpack has a bound).
+local SLICE = 1000
+local olds = {}
+for s = 1, #names, SLICE do
+  local part = redis.call('HMGET', ids, unpack(names, s, math.min(s + SLICE - 1, #names)))
+  for j = 1, #part do olds[#olds + 1] = part[j] end
+end
+-- The common case, a new id, is filed in bulk after the loop: one HSET, one SADD per bucket.
+local fresh, by_bucket, added = {}, {}, 0
+for k = 1, #names do
+  local id, bucket, old = names[k], ARGV[3 + 2 * k], olds[k]
+  if bucket ~= '' and not old then
+    fresh[#fresh + 1] = id
+    fresh[#fresh + 1] = bucket
+    local members = by_bucket[bucket]
+    if not members then members = {}; by_bucket[bucket] = members end
+    members[#members + 1] = id
     added = added + 1
   else
-    local old = redis.call('HGET', ids, id)
     if old and old ~= bucket then
       local old_key = bucket_prefix .. old
       redis.call('SREM', old_key, id)
@@ -100,6 +112,14 @@ for i = 4, #ARGV, 2 do
       redis.call('HSET', ids, id, bucket)
       redis.call('SADD', bucket_prefix .. bucket, id)
     end
+  end
+end
+for s = 1, #fresh, 2 * SLICE do
+  redis.call('HSET', ids, unpack(fresh, s, math.min(s + 2 * SLICE - 1, #fresh)))
+end
+for bucket, members in pairs(by_bucket) do
+  for s = 1, #members, SLICE do
+    redis.call('SADD', bucket_prefix .. bucket, unpack(members, s, math.min(s + SLICE - 1, #members)))
   end
 end
 if added ~= 0 then redis.call('HINCRBY', meta, 'count', added) end
