@@ -13,7 +13,7 @@ import threading
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from onceflow.config import CommonSettings, LoopSettings
-from onceflow.kafka.clients import plain_config
+from onceflow.kafka.clients import TRANSACTION_RETRY_BACKOFF_MS, plain_config
 
 
 def copy(common: CommonSettings, loop: LoopSettings, source: str, target: str, group: str, transactional_id: str,
@@ -26,6 +26,7 @@ def copy(common: CommonSettings, loop: LoopSettings, source: str, target: str, g
     producer = Producer({
         **plain_config(common.kafka_bootstrap), "transactional.id": transactional_id,
         "transaction.timeout.ms": common.transaction_timeout_ms, "linger.ms": 5,
+        "retry.backoff.ms": TRANSACTION_RETRY_BACKOFF_MS,  # as the services' producers
     })
     producer.init_transactions(30)
     consumer.subscribe([source])
