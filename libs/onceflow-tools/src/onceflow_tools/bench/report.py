@@ -15,12 +15,16 @@ from rich.table import Table
 from onceflow_tools.bench.pipeline import ModeResult
 from onceflow_tools.bench.watch import BacklogRun
 
-# The issue's targets, as (ratio name, lowest acceptable) and the p99 bound at half load.
+# The targets, as (ratio name, lowest acceptable), and the p99 bound at half load: issue 20's
+# (docs/performance.md, "Where issue 20's targets stand", says which are out of reach here and
+# why), and against Quix Streams an earlier issue's.
 TARGETS = {
-    "exactly_once_vs_at_least_once": 0.8, "dedup_vs_quix": 1.0, "compute_vs_quix": 1.0,
-    "dedup_vs_kstreams": 0.5, "compute_vs_kstreams": 0.5,
+    "exactly_once_vs_at_least_once": 0.9, "exactly_once_vs_copier_chain": 0.5,
+    "dedup_vs_kstreams": 0.5, "compute_vs_kstreams": 0.5, "dedup_vs_copier": 0.75, "compute_vs_copier": 0.75,
+    "dedup_vs_quix": 1.0, "compute_vs_quix": 1.0,
 }
-P99_BOUND_MS = 2_000.0
+P99_BOUND_MS = 500.0
+P99_VERDICT = "p99_under_500ms_at_half_load"
 
 
 @dataclass
@@ -66,19 +70,21 @@ class Report:
         return ratios
 
     def p99_at_half_load(self) -> float | None:
-        """The exactly-once pipeline's p99 at the offered rate nearest half its sustainable rate."""
+        """The exactly-once pipeline's p99 send → row visible (send → tree completed if the step
+        had no probes) at the offered rate nearest half its sustainable rate."""
         eos = self.modes.get("exactly_once")
         if not eos or not eos.sweep:
             return None
         half = eos.sustainable / 2
-        return min(eos.sweep, key=lambda point: abs(point.offered - half)).p99_ms
+        point = min(eos.sweep, key=lambda point: abs(point.offered - half))
+        return point.visible_p99_ms if point.probes else point.p99_ms
 
     def verdicts(self) -> dict[str, bool]:
         ratios = self.ratios()
         verdicts = {name: ratios[name] >= bound for name, bound in TARGETS.items() if name in ratios}
         p99 = self.p99_at_half_load()
         if p99 is not None:
-            verdicts["p99_under_2s_at_half_load"] = p99 < P99_BOUND_MS
+            verdicts[P99_VERDICT] = p99 <= P99_BOUND_MS
         return verdicts
 
     def as_json(self) -> dict:
@@ -143,8 +149,9 @@ def print_tables(report: Report, console: Console) -> None:
         console.print(f"{name}: {value:.2f}×{mark}")
     p99 = report.p99_at_half_load()
     if p99 is not None:
-        ok = verdicts["p99_under_2s_at_half_load"]
-        console.print(f"exactly-once p99 at half the sustainable rate: {p99:,.0f} ms {'[green]< 2 s[/]' if ok else '[red]≥ 2 s[/]'}")
+        ok = verdicts[P99_VERDICT]
+        mark = f"[green]≤ {P99_BOUND_MS:,.0f} ms[/]" if ok else f"[red]above the {P99_BOUND_MS:,.0f} ms target[/]"
+        console.print(f"exactly-once p99 send → visible at half the sustainable rate: {p99:,.0f} ms {mark}")
 
 
 def _cpu_cells(run: BacklogRun, copier: BacklogRun | None, cores: int) -> tuple[str, str]:
@@ -184,7 +191,7 @@ def plot(report: Report, path: Path) -> Path:
             axes.plot(x, [p.visible_p99_ms for p in points], "^-", color=color, alpha=0.8, label=f"{mode.guarantee} visible p99")
             axes.plot(x, [p.visible_p50_ms for p in points], "v:", color=color, alpha=0.6, label=f"{mode.guarantee} visible p50")
         axes.axvline(mode.sustainable, color=color, linestyle=":", label=f"{mode.guarantee} sustainable")
-    axes.axhline(P99_BOUND_MS, color="grey", linewidth=0.8, label="2 s")
+    axes.axhline(P99_BOUND_MS, color="grey", linewidth=0.8, label=f"{P99_BOUND_MS:,.0f} ms (p99 target at half load)")
     axes.set_xlabel("records/s through the whole pipeline")
     axes.set_ylabel("client send → tree completed / row visible, ms")
     axes.set_yscale("log")
