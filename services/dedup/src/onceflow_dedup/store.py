@@ -79,7 +79,8 @@ _APPLY = _CONTINUITY + """
 local bucket_prefix = KEYS[3]
 local names = {}
 for i = 4, #ARGV, 2 do names[#names + 1] = ARGV[i] end
--- Every id's bucket now, in one HMGET per SLICE ids (Lua's unpack has a bound).
+-- Every id's bucket now, in one HMGET per SLICE ids (Lua's unpack has a bound). Read once,
+-- up front: so no id may come twice in one call (apply's changes are a mapping).
 local SLICE = 1000
 local olds = {}
 for s = 1, #names, SLICE do
@@ -329,7 +330,7 @@ class DedupStore:
     def apply(self, changes: Mapping[bytes, bytes | None], checkpoint: int | None) -> None:
         if checkpoint is not None and self._checkpoint is not None and checkpoint < self._checkpoint:
             checkpoint = None  # the checkpoint never moves back (the changes are already in)
-        pairs = list(changes.items())
+        pairs = list(changes.items())  # unique ids: the script reads every id's bucket once, up front
         chunks = [pairs[i : i + APPLY_CHUNK] for i in range(0, len(pairs), APPLY_CHUNK)] or [[]]
         keys = [self.keys.meta, self.keys.ids, self.keys.bucket_prefix]
         expected = expect(self._checkpoint)

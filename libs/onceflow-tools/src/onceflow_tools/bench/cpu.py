@@ -126,7 +126,9 @@ def busiest_python_thread_seconds(pid: int, before: Threads, after: Threads) -> 
     """CPU seconds of ``pid``'s busiest Python thread between two thread snapshots, or None if
     ``pid`` is not a Python process. Python's threads keep the process's own name (librdkafka
     names its threads rdk:*, gRPC grpc_*), and one thread can use at most one core: so a hop
-    whose loop runs on one thread can move no more than 1 / (this ÷ records) records a second."""
+    whose loop runs on one thread can move no more than 1 / (this ÷ records) records a second.
+    Native pool threads that never name themselves (Arrow's, a BLAS's) keep it too; if one of
+    them is the busiest, the bound is still true of that thread, only less telling."""
     process_name = after.get(pid, before.get(pid, (0, "")))[1]
     if not process_name.startswith("python"):
         return None

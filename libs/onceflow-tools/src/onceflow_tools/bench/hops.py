@@ -111,7 +111,8 @@ def _metered(pids: Sequence[int], timed: Callable[[Callable[[], None]], BacklogR
     and Redis spent from its first commit to its end."""
     meter = SpanMeter(pids)
     run = timed(meter.start)
-    return replace(run, cpu=meter.stop(run.records))
+    # A first commit that already held everything leaves no span to divide by.
+    return replace(run, cpu=meter.stop(run.records)) if run.records > 0 else run
 
 
 def _run_peer(process: ServiceProcess, watch: GroupWatch, total: int) -> BacklogRun:

@@ -97,8 +97,11 @@ def bench(
             kstreams_commit_interval_s=kstreams_commit_interval, log_dir=log_dir, profile_dir=profile,
         )
         report.hop_transactions = {name: hops.describe_transaction(name, hop_options) for name in contenders}
-        with console.status("warming the broker: untimed copier runs until its rate is steady"):
-            report.broker_warm_up = hops.warm_broker(hop_options, note)
+        def warm_up() -> None:
+            with console.status("warming the broker: untimed copier runs until its rate is steady"):
+                report.broker_warm_up = hops.warm_broker(hop_options, note)
+
+        measure("broker warm-up", warm_up)
         for name in contenders:
             def one(name: str = name) -> None:
                 with console.status(f"{name}: {records:,} records"):
