@@ -13,17 +13,27 @@ from pathlib import Path
 Snapshot = dict[int, tuple[int, str]]
 
 
+def _stat(path: str) -> list[str]:
+    """The fields of a /proc stat file after the command name (state first, then ppid, ...)."""
+    return Path(path).read_text().rsplit(")", 1)[1].split()
+
+
+def _ticks(fields: list[str]) -> int:
+    """User + system CPU ticks, from ``_stat``'s fields."""
+    return int(fields[11]) + int(fields[12])
+
+
 def snapshot() -> Snapshot:
     found: Snapshot = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            fields = _stat(f"/proc/{entry}/stat")
             command = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
         except OSError:
             continue  # gone meanwhile
-        found[int(entry)] = (int(fields[11]) + int(fields[12]), command)
+        found[int(entry)] = (_ticks(fields), command)
     return found
 
 
@@ -78,11 +88,6 @@ def usage(before: Snapshot, after: Snapshot, elapsed_s: float, bench: str = "", 
     return Usage(seconds, elapsed_s)
 
 
-def _stat(path: str) -> list[str]:
-    """The fields of a /proc stat file after the command name (state first, then ppid, ...)."""
-    return Path(path).read_text().rsplit(")", 1)[1].split()
-
-
 def descendants(roots: Iterable[int]) -> set[int]:
     """``roots`` and every live process below them: compute's Spark JVM is its child."""
     children: dict[int, list[int]] = {}
@@ -118,7 +123,7 @@ def threads(pid: int) -> Threads:
             name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
         except OSError:
             continue
-        found[int(tid)] = (int(fields[11]) + int(fields[12]), name)
+        found[int(tid)] = (_ticks(fields), name)
     return found
 
 
@@ -181,21 +186,18 @@ class SpanMeter:
     def stop(self, records: int) -> HopCpu:
         after = snapshot()
         threads_after = {pid: threads(pid) for pid in self._pids}
-        tick, per_record = os.sysconf("SC_CLK_TCK"), 1e6 / max(records, 1)
+        per_record = 1e6 / max(records, 1)
         own = descendants(self._pids)
-        spent: dict[str, float] = {"own": 0.0, "Kafka broker": 0.0, "redis-server": 0.0}
-        for pid, (ticks, command) in after.items():
-            seconds = (ticks - self._before.get(pid, (0, ""))[0]) / tick
-            kind = "own" if pid in own else label(command)
-            if kind in spent:
-                spent[kind] += seconds
+        # Seconds, not shares, are wanted here: the elapsed time does not matter.
+        mine = usage(self._before, {pid: v for pid, v in after.items() if pid in own}, 1.0).seconds
+        others = usage(self._before, {pid: v for pid, v in after.items() if pid not in own}, 1.0).seconds
         busiest = [
             busiest_python_thread_seconds(pid, self._threads.get(pid, {}), threads_after[pid]) for pid in self._pids
         ]
         thread_seconds = [s for s in busiest if s is not None]
         return HopCpu(
-            own_us=spent["own"] * per_record,
+            own_us=sum(mine.values()) * per_record,
             busiest_thread_us=max(thread_seconds) * per_record if thread_seconds else None,
-            broker_us=spent["Kafka broker"] * per_record,
-            redis_us=spent["redis-server"] * per_record,
+            broker_us=others.get("Kafka broker", 0.0) * per_record,
+            redis_us=others.get("redis-server", 0.0) * per_record,
         )
