@@ -115,9 +115,13 @@ class CommonSettings(BaseSettings):
         "pipelines, or tests, share one broker.",
     )
     transaction_timeout_ms: int = Field(
-        default=10_000,
+        default=4_000,
+        ge=1000,
         description="Kafka's `transaction.timeout.ms`: how long a killed producer's open transaction can hold readers "
-        "back. Short, so that recovery (and tests) do not crawl; the broker caps it at `transaction.max.timeout.ms`.",
+        "back, and the longest a transaction may stay open (one holds only the batch's writes and its commit). A "
+        "consuming service refuses to start unless it is below `ONCEFLOW_LOOP_SESSION_TIMEOUT_MS` by a heartbeat "
+        "interval (a fifth of the session), so that a zombie's transaction has ended before its partitions move "
+        "(docs/decisions/0021-takeover-order.md). The broker caps it at `transaction.max.timeout.ms`.",
     )
     admin_token: str = Field(
         default="",
@@ -251,7 +255,9 @@ class LoopSettings(BaseSettings):
     session_timeout_ms: int = Field(
         default=10_000,
         ge=1000,
-        description="The consumer's `session.timeout.ms`: a member of the group silent this long loses its partitions.",
+        description="The consumer's `session.timeout.ms`: a member of the group silent this long loses its partitions. "
+        "The consumer heartbeats every fifth of it, and `ONCEFLOW_TRANSACTION_TIMEOUT_MS` must stay below it by one "
+        "such interval.",
     )
     punctuate_ms: int = Field(
         default=1000,
@@ -282,6 +288,36 @@ class LoopSettings(BaseSettings):
                 f"ONCEFLOW_LOOP_MAX_BATCH_RECORDS ({self.max_batch_records})"
             )
         return self
+
+
+def heartbeat_interval_ms(session_timeout_ms: int) -> int:
+    """The group consumer's ``heartbeat.interval.ms``: a fifth of its session (Kafka asks for at
+    most a third). Set, not left at librdkafka's 3 s, because the takeover order's margin is one
+    interval (`takeover_order_problem`)."""
+    return max(100, session_timeout_ms // 5)
+
+
+def takeover_order_problem(common: CommonSettings, loop: LoopSettings) -> str | None:
+    """Why these settings would let a zombie commit after its partitions moved on, or None.
+
+    A member stopped (SIGSTOP, a VM pause) with a transaction open loses its partitions one
+    session after its last heartbeat, which can be a heartbeat interval before the stop; its
+    transaction is aborted by the broker one transaction timeout after it began, at the latest at
+    the stop. So the transaction has ended before the partitions move only if the transaction
+    timeout plus a heartbeat interval is below the session timeout. Otherwise a zombie with
+    another transactional id (another instance name) can still commit once its successor has
+    restored its state (docs/decisions/0021-takeover-order.md)."""
+    txn, session = common.transaction_timeout_ms, loop.session_timeout_ms
+    heartbeat = heartbeat_interval_ms(session)
+    if txn + heartbeat < session:
+        return None
+    return (
+        f"ONCEFLOW_TRANSACTION_TIMEOUT_MS={txn} is not below ONCEFLOW_LOOP_SESSION_TIMEOUT_MS={session} by a "
+        f"heartbeat interval ({heartbeat} ms, a fifth of the session): a stopped instance's transaction could then "
+        f"outlive its session and commit after another instance took its partitions over. Lower the transaction "
+        f"timeout below {session - heartbeat} ms or raise the session timeout above {txn + heartbeat} ms "
+        "(docs/decisions/0021-takeover-order.md)"
+    )
 
 
 # Where a service listens and what it is called: the same four settings in every service, declared

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_settings import BaseSettings
 
 from onceflow import __version__, logs, settings_docs
-from onceflow.config import CommonSettings
+from onceflow.config import CommonSettings, LoopSettings, takeover_order_problem
 
 EXIT_USAGE = 2
 S = TypeVar("S", bound=BaseSettings)
@@ -83,6 +83,15 @@ def _usage(binary: str, description: str, settings_class: type[BaseSettings]) ->
     return "\n".join(lines)
 
 
+def _start_problem(settings: BaseSettings) -> str | None:
+    """A refusal that no single setting's bound can say: the transaction timeout of a consuming
+    service against its session timeout (`onceflow.config.takeover_order_problem`)."""
+    common, loop = getattr(settings, "common", None), getattr(settings, "loop", None)
+    if isinstance(common, CommonSettings) and isinstance(loop, LoopSettings):
+        return takeover_order_problem(common, loop)
+    return None
+
+
 def main(
     service: str, description: str, settings_class: type[S], run: Callable[[S], int], argv: Sequence[str] | None = None,
 ) -> None:
@@ -109,6 +118,10 @@ def main(
         for error in exc.errors():
             variable = prefix + "_".join(str(part) for part in error["loc"]).upper()
             print(f"  {variable}={error.get('input')!r}: {error['msg']}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+    problem = _start_problem(settings)
+    if problem:
+        print(f"{binary}: invalid settings:\n  {problem}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
     if printing:
         rows = effective_settings(settings)

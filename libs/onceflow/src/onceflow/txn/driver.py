@@ -32,7 +32,7 @@ from typing import Any, Protocol
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from onceflow import metrics
-from onceflow.config import CommonSettings, LoopSettings
+from onceflow.config import CommonSettings, LoopSettings, heartbeat_interval_ms, takeover_order_problem
 from onceflow.kafka import clients
 from onceflow.kafka.inspect import wait_partition_count
 from onceflow.topology import Topic
@@ -113,7 +113,12 @@ class GroupIntake:
 
     def open(self, overrides: dict[str, Any], on_assign: Rebalance, on_revoke: Rebalance) -> Consumer:
         consumer = clients.consumer(
-            self._common, self._group_id, **{"session.timeout.ms": self._session_timeout_ms, **overrides}
+            self._common, self._group_id,
+            **{
+                "session.timeout.ms": self._session_timeout_ms,
+                "heartbeat.interval.ms": heartbeat_interval_ms(self._session_timeout_ms),
+                **overrides,
+            },
         )
         consumer.subscribe([self._topic], on_assign=on_assign, on_revoke=on_revoke, on_lost=on_revoke)
         self._membership = watch_membership(self._common, self._group_id)
@@ -149,6 +154,10 @@ class ConsumerDriver:
         stats: LoopStats | None = None,
         intake: Intake | None = None,
     ) -> None:
+        # The library's own guard; a service refuses these settings before it starts (service_main).
+        problem = takeover_order_problem(common, settings)
+        if problem:
+            raise ValueError(problem)
         self.name = name
         self._common = common
         self.settings = settings
@@ -231,7 +240,9 @@ class ConsumerDriver:
         return {}
 
     def assigning(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Before the consumer takes the partitions: restore their state; may set offsets."""
+        """Before the consumer takes the partitions: fetch their committed offsets, then restore
+        their state, and set each partition's offset to the one fetched (docs/architecture.md,
+        "Takeover order"). A partition left at OFFSET_INVALID is positioned by librdkafka later."""
 
     def assigned(self, partitions: list[TopicPartition]) -> None:
         """After the consumer took them."""
@@ -311,7 +322,9 @@ class ConsumerDriver:
         log.info("%s: assigned %s", self.name, [p.partition for p in partitions])
         self.assigning(consumer, partitions)
         consumer.assign(partitions)
-        if self._paused_now:  # a paused hop must not read its new partitions either
+        # A paused hop must not read its new partitions either; nor a stopping one, whose
+        # assigning may have returned before their offsets were fetched or their state restored.
+        if self._paused_now or self.stopping.is_set():
             consumer.pause(partitions)
         self.assigned(partitions)
 

@@ -8,7 +8,9 @@ cluster, records of a positions topic) -> commit -> apply the overlay to the sto
 
 No transaction is ever open while the consumer polls, and rebalance callbacks only run inside
 poll. So when partitions are revoked there is never an open transaction to finish: the last
-batch has committed or aborted by then, and revoking only drops the partitions' stores.
+batch has committed or aborted by then, and revoking only drops the partitions' stores. When
+partitions are assigned, their committed offsets are fetched first, then their stores restored,
+and the consumer starts at the offsets fetched (the takeover order).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Generic
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_INVALID, Consumer, KafkaError, Message, TopicPartition
 
 from onceflow import faults, metrics, spout
 from onceflow.config import CommonSettings, LoopSettings
@@ -298,12 +300,41 @@ class TransactionalLoop(ConsumerDriver, Generic[StoreT]):
         # A new owner reads its input for a punctuation interval before it sweeps: a sweep
         # needs to know how far behind each partition is.
         self._next_punctuation = time.monotonic() + self.settings.punctuate_ms / 1000
+        # Offsets first, then state (docs/architecture.md, "Takeover order"). The fetch asks for
+        # stable offsets (read_committed: KIP-447's require_stable), so it waits while any
+        # transaction holding offsets for these partitions is open: a previous owner's, also
+        # one with another transactional id that nothing fences. Once it answers, everything
+        # that committed those offsets has committed its changelog writes too, and the restore
+        # below reads them. Restored first, a zombie could commit after the restore and before
+        # librdkafka fetched the offsets: a store missing the changes of records the position
+        # is already past.
+        if not self._position_at_committed(consumer, partitions):
+            return  # stopping: the driver pauses the partitions, the loop ends
         if self.stores is not None:
             before = self.stores.restored_records
             stores, owned = self.stores, [p.partition for p in partitions]
             assign = lambda: stores.assign(owned)  # noqa: E731 - retried whole: it is idempotent
             self._guard_store(assign, retry=assign)
             metrics.RESTORED.labels(self.stage.name).inc(self.stores.restored_records - before)
+
+    def _position_at_committed(self, consumer: Consumer, partitions: list[TopicPartition]) -> bool:
+        """Set each partition's offset to its committed one, fetched now (none yet: the start,
+        as ``auto.offset.reset=earliest`` and a rewind do). Partitions the intake handed over
+        with an offset already (the external intake reads its positions before it assigns)
+        keep it. False if the hop is stopping."""
+        unknown = [tp for tp in partitions if tp.offset == OFFSET_INVALID]
+        if not unknown:
+            return True
+        log.info("%s: fetching the committed offsets of %s before restoring them", self.stage.name,
+                 sorted(tp.partition for tp in unknown))
+        committed = self.intake.committed(consumer, unknown, self.stopping)  # ConsumerStuck ends the process
+        if committed is None:
+            return False
+        fetched = {(tp.topic, tp.partition): tp.offset for tp in committed}
+        for tp in unknown:
+            offset = fetched.get((tp.topic, tp.partition), OFFSET_INVALID)
+            tp.offset = offset if offset >= 0 else OFFSET_BEGINNING
+        return True
 
     def assigned(self, partitions: list[TopicPartition]) -> None:
         if self._assign_hook is not None:
