@@ -37,11 +37,13 @@ from onceflow.config import CommonSettings, runtime_dir
 from onceflow.faults import ALLOW_ENV, ENV as FAULT_ENV, SABOTAGE_ENV
 from onceflow.kafka import clients
 from onceflow.kafka.inspect import consumed_everything, end_offsets, hanging_transactions, read_committed
+from onceflow.kafka.topic_ids import read_topic_id
 from onceflow.topology import SOURCE, Topic
 from onceflow.txn.errors import EXIT_FENCED, EXIT_RESTART
 from onceflow.txn.external import ExternalTopic, read_positions
 from onceflow.v1.envelope_pb2 import DeadLetter
 from onceflow_client import QueryClient
+from onceflow_client.kafka_identity import KafkaOrigin, kafka_record_id
 from onceflow_tools.infra.kafka import KafkaBroker
 from onceflow_tools.infra.topics import delete_topics, ensure_topics
 from onceflow_tools.process import ServiceProcess, free_port, pipeline_service
@@ -62,7 +64,7 @@ class UserTopic:
     """A topic as a user would have it, and what the source must make of it."""
 
     name: str
-    good: dict[str, KeyedRecord]  # record_id (topic/partition/offset) -> record
+    good: dict[str, KeyedRecord]  # record_id (kafka://<cluster id>/<topic>/<topic id>/<partition>/<offset>) -> record
     bad: dict[int, tuple[int, str]]  # offset key (partition * 10**9 + offset) -> (partition, reason class)
 
 
@@ -161,7 +163,10 @@ def fill_topic(bootstrap: str, name: str, users: str, count: int, seed: int) -> 
                              on_delivery=delivered(None, "OverLimit"))
         producer.poll(0)
     assert producer.flush(30) == 0
-    good = {f"{name}/{where}": KeyedRecord(f"{name}/{where}", r.user, r.amount) for where, r, _ in placed if r is not None}
+    admin = AdminClient(clients.plain_config(bootstrap))
+    origin = KafkaOrigin(admin.list_topics(timeout=15).cluster_id or "", read_topic_id(admin, name))
+    ids = {where: kafka_record_id(origin, name, *map(int, where.split("/"))) for where, _r, _ in placed}
+    good = {ids[where]: KeyedRecord(ids[where], r.user, r.amount) for where, r, _ in placed if r is not None}
     bad = {}
     for where, record, reason in placed:
         if record is None:
@@ -180,7 +185,7 @@ def first_attempts(common: CommonSettings, topic: str) -> Counter[str]:
     counts: Counter[str] = Counter()
     for record in read_committed(common, common.topic(Topic.INGEST_RECORDS)):
         envelope = decode_envelope(record.value or b"")
-        if envelope.record_id.startswith(f"{topic}/") and envelope.attempt == 1:
+        if envelope.record_id.startswith("kafka://") and envelope.record_id.split("/")[3] == topic and envelope.attempt == 1:
             counts[envelope.record_id] += 1
     return counts
 

@@ -1,5 +1,6 @@
-"""The Kafka source's mapping, without a broker: record_id derivation, what goes to source.dlq
-and why, and that a mapped record is exactly what ingest would write for it."""
+"""The Kafka source's mapping, without a broker: record_id derivation (the record's place in the
+world: cluster id, topic, topic id, partition, offset), what goes to source.dlq and why, and that
+a mapped record is exactly what ingest would write for it."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 from onceflow import spout
 from onceflow.codec import decode_envelope
 from onceflow.spout import RECORD_ID_MAX_BYTES, Limits
+from onceflow_client.kafka_identity import KafkaOrigin
 from onceflow_source.mapping import (
     Mapping,
     NoIdField,
@@ -25,8 +27,9 @@ from onceflow_source.mapping import (
 pytestmark = pytest.mark.source
 
 LIMITS = Limits(max_payload_bytes=1000, max_key_bytes=100)
-BY_OFFSET = Mapping(LIMITS)
-BY_FIELD = Mapping(LIMITS, id_field="id")
+ORIGIN = KafkaOrigin("MkU3OEVBNTcwNTJENDM2Qk", "pN1uCbZfRYyfUvK2Hfu9Xw")
+BY_OFFSET = Mapping(LIMITS, origin=ORIGIN)
+BY_FIELD = Mapping(LIMITS, id_field="id", origin=ORIGIN)
 
 
 def record(value: bytes | None, *, topic: str = "orders", partition: int = 0, offset: int = 0, **kw) -> SourceRecord:
@@ -37,10 +40,48 @@ topics = st.from_regex(r"[a-zA-Z0-9._-]{1,60}", fullmatch=True)
 
 
 @given(topics, st.integers(0, 10_000), st.integers(0, 2**62), st.binary(max_size=200))
-def test_by_default_the_record_id_is_the_records_place_in_its_topic(topic: str, partition: int, offset: int, value: bytes) -> None:
+def test_by_default_the_record_id_is_the_records_place_in_the_world(topic: str, partition: int, offset: int, value: bytes) -> None:
     mapped = map_record(record(value, topic=topic, partition=partition, offset=offset), BY_OFFSET)
-    assert mapped.record_id.decode() == f"{topic}/{partition}/{offset}" == default_record_id(topic, partition, offset)
+    expected = f"kafka://{ORIGIN.cluster_id}/{topic}/{ORIGIN.topic_id}/{partition}/{offset}"
+    assert mapped.record_id.decode() == expected == default_record_id(ORIGIN, topic, partition, offset)
     assert mapped.payload == value
+
+
+@given(topics, st.integers(0, 100), st.integers(0, 2**40))
+def test_a_recreated_topic_or_another_clusters_topic_of_the_same_name_is_another_topic(topic: str, partition: int, offset: int) -> None:
+    """Issue 46: the recreated topic's offsets start at 0 again, and another cluster's topic of
+    the same name has the same offsets: with `topic/partition/offset` their ids were equal."""
+    place = record(b"v", topic=topic, partition=partition, offset=offset)
+    ids = {
+        map_record(place, Mapping(LIMITS, origin=origin)).record_id
+        for origin in (ORIGIN, KafkaOrigin(ORIGIN.cluster_id, "Q2Ehk1ZcQ0i9Xx0nm8bTqA"),
+                       KafkaOrigin("b3RoZXJjbHVzdGVyaWQxMj", ORIGIN.topic_id), KafkaOrigin(ORIGIN.cluster_id))
+    }
+    assert len(ids) == 4
+
+
+def test_a_broker_without_topic_ids_gives_the_fallback_identity() -> None:
+    fallback = map_record(record(b"v", offset=7), Mapping(LIMITS, origin=KafkaOrigin(ORIGIN.cluster_id)))
+    assert fallback.record_id == f"kafka://{ORIGIN.cluster_id}/orders/-/0/7".encode()
+
+
+@given(st.from_regex(r"[a-zA-Z0-9._-]{1,249}", fullmatch=True), st.integers(0, 2**31 - 1), st.integers(0, 2**63 - 1))
+def test_any_topic_name_fits_ingests_limit_and_stays_its_own(topic: str, partition: int, offset: int) -> None:
+    mapped = map_record(record(b"v", topic=topic, partition=partition, offset=offset), BY_OFFSET)
+    assert len(mapped.record_id) <= RECORD_ID_MAX_BYTES
+    assert mapped.record_id.endswith(f"/{ORIGIN.topic_id}/{partition}/{offset}".encode())
+    other = map_record(record(b"v", topic=topic + "x", partition=partition, offset=offset), BY_OFFSET)
+    assert other.record_id != mapped.record_id
+
+
+def test_the_longest_topic_name_is_compacted_with_a_hash_and_keeps_a_readable_prefix() -> None:
+    topic = "t" * 249
+    mapped = map_record(record(b"v", topic=topic, partition=2**31 - 1, offset=2**63 - 1), BY_OFFSET).record_id.decode()
+    assert len(f"kafka://{ORIGIN.cluster_id}/{topic}/{ORIGIN.topic_id}/{2**31 - 1}/{2**63 - 1}") > RECORD_ID_MAX_BYTES
+    name = mapped.split("/")[3]
+    assert name.startswith("t" * 40 + "~") and len(name) == 40 + 1 + 24 and len(mapped) <= RECORD_ID_MAX_BYTES
+    # Two long names that share their first 40 characters stay two topics.
+    assert map_record(record(b"v", topic="t" * 248 + "u"), BY_OFFSET).record_id != map_record(record(b"v", topic=topic), BY_OFFSET).record_id
 
 
 @given(st.binary(max_size=100), st.integers(0, 1000), st.integers(0, 1000))

@@ -12,6 +12,7 @@ from onceflow.codec import decode_envelope
 from onceflow.spout import Limits
 from onceflow.txn.batch import Batch
 from onceflow.v1.envelope_pb2 import DeadLetter
+from onceflow_client.kafka_identity import KafkaOrigin
 from onceflow_source.mapping import Mapping
 from onceflow_source.stage import SourceStage
 
@@ -68,5 +69,6 @@ def test_good_records_become_new_roots_and_bad_ones_dead_letters() -> None:
 
 def test_without_acking_the_roots_carry_no_tree_timeout() -> None:
     batch = Batch([FakeMessage(b"v", 9)], None, "dlq", "source")  # type: ignore[list-item]
-    SourceStage(Mapping(Limits(1000, 100)), "ingest.records", tree_timeout_ms=None).process(batch)
-    assert [(r.record.record_id, r.tree_timeout_ms) for r in batch.new_roots] == [(b"orders/2/9", None)]
+    mapping = Mapping(Limits(1000, 100), origin=KafkaOrigin("cluster-a", "topic-a"))
+    SourceStage(mapping, "ingest.records", tree_timeout_ms=None).process(batch)
+    assert [(r.record.record_id, r.tree_timeout_ms) for r in batch.new_roots] == [(b"kafka://cluster-a/orders/topic-a/2/9", None)]

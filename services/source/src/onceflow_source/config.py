@@ -36,8 +36,9 @@ class SourceSettings(BaseSettings):
     )
     id_field: str = Field(
         default="",
-        description="Empty: record_id is `topic/partition/offset`. Else the field of the JSON value that holds the "
-        "record_id (a dotted path reaches into nested objects); records without it go to `source.dlq`.",
+        description="Empty: record_id is the record's place, `kafka://<cluster id>/<topic>/<topic id>/<partition>/<offset>`. "
+        "Else the field of the JSON value that holds the record_id, taken as it is (a dotted path reaches into nested "
+        "objects); records without it go to `source.dlq`.",
     )
     host: str = host_setting()
     port: int = grpc_port_setting(topology.SOURCE_SERVICE)

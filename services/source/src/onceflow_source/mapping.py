@@ -1,10 +1,12 @@
 """A user's Kafka record as an onceflow record, or the reason it cannot be one. Pure: no Kafka.
 
-record_id is ``topic/partition/offset`` by default: a record's place in its topic is its
-identity, so two records with the same payload at different offsets are two records, and a
-record read again after a crash is the same one. With an id field, record_id is that field of
-the JSON value (a dotted path reaches into nested objects), and records sharing it are copies
-of one record (the gate keeps the first)."""
+record_id is by default the record's place in the world,
+``kafka://<cluster id>/<topic>/<topic id>/<partition>/<offset>`` (``onceflow_client.kafka_identity``):
+two records with the same payload at different offsets are two records, a record read again after
+a crash is the same one, and a topic deleted and created again under its name (a new topic id),
+or a same-named topic of another cluster, is another topic. With an id field, record_id is that
+field of the JSON value (a dotted path reaches into nested objects), as given, and records
+sharing it are copies of one record (the gate keeps the first)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from onceflow.spout import Limits, check_record
+from onceflow_client.kafka_identity import KafkaOrigin, kafka_record_id
 from onceflow.v1.ingest_pb2 import IngestRecord
 
 
@@ -48,16 +51,17 @@ class SourceRecord:
 @dataclass(frozen=True, slots=True)
 class Mapping:
     limits: Limits
-    id_field: str = ""  # "": topic/partition/offset
+    id_field: str = ""  # "": the record's place, kafka://<cluster id>/<topic>/<topic id>/<partition>/<offset>
+    origin: KafkaOrigin = KafkaOrigin("")  # the topic's cluster id and topic id ("": unknown, written "-")
 
 
-def default_record_id(topic: str, partition: int, offset: int) -> str:
-    return f"{topic}/{partition}/{offset}"
+def default_record_id(origin: KafkaOrigin, topic: str, partition: int, offset: int) -> str:
+    return kafka_record_id(origin, topic, partition, offset)
 
 
-def record_id_of(record: SourceRecord, id_field: str) -> str:
+def record_id_of(record: SourceRecord, id_field: str, origin: KafkaOrigin = KafkaOrigin("")) -> str:
     if not id_field:
-        return default_record_id(record.topic, record.partition, record.offset)
+        return default_record_id(origin, record.topic, record.partition, record.offset)
     try:
         value = json.loads(record.value) if record.value is not None else None
     except (ValueError, UnicodeDecodeError) as exc:
@@ -90,7 +94,7 @@ def _headers(headers: Sequence[tuple[str, bytes | None]]) -> dict[str, str]:
 def map_record(record: SourceRecord, mapping: Mapping) -> IngestRecord:
     """The record as ingest would take it from a client, checked with ingest's limits; raises
     an ``Unmappable`` subclass with the reason otherwise."""
-    record_id = record_id_of(record, mapping.id_field)
+    record_id = record_id_of(record, mapping.id_field, mapping.origin)
     mapped = IngestRecord(
         record_id=record_id.encode(),
         key=record.key or b"",

@@ -2,26 +2,33 @@
 health). On the pipeline's cluster the loop subscribes as a group, so the consumed offsets go
 into the same transaction as the records they produced (send_offsets_to_transaction). On another
 cluster it assigns the partitions itself and writes their positions to `source.offsets` in that
-transaction instead (`onceflow.txn.external`, docs/decisions/0017)."""
+transaction instead (`onceflow.txn.external`, docs/decisions/0017). Either way the intake is
+wrapped in the identity rules (`identity.py`): positions stored with the topic's id, checked at
+every assignment, and the record ids made with the cluster's and the topic's ids read at start."""
 
 from __future__ import annotations
 
 import logging
 import sys
 
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from onceflow.admin import ServiceServer
 from onceflow.admin.loop_controls import LoopControls
 from onceflow.kafka import clients
+from onceflow.kafka.topic_ids import read_topic_id
 from onceflow.runner import run_loop_service
 from onceflow.service_main import EXIT_USAGE
 from onceflow.topology import Topic
 from onceflow.state.store import KeyValueStore
 from onceflow.txn import TransactionalLoop
+from onceflow.txn.driver import GroupIntake
 from onceflow.txn.external import ExternalIntake, ExternalTopic
+from onceflow_client.kafka_identity import KafkaOrigin, kafka_record_id
 
 from onceflow_source.config import SourceSettings
+from onceflow_source.identity import IdentityIntake
 from onceflow_source.mapping import Mapping
 from onceflow_source.stage import SourceStage
 
@@ -64,16 +71,62 @@ def check_source(settings: SourceSettings) -> ExternalTopic | None:
     return external
 
 
+def source_admin(settings: SourceSettings, external: ExternalTopic | None) -> AdminClient:
+    """An admin client of the topic's cluster."""
+    return clients.admin(settings.common) if external is None else AdminClient(clients.plain_config(external.bootstrap))
+
+
+def read_origin(settings: SourceSettings, external: ExternalTopic | None, admin: AdminClient | None = None) -> KafkaOrigin:
+    """The topic's cluster id and topic id, read once at start for the default record ids. A
+    cluster that reports no topic id (a broker before Kafka 2.8) gives "" (written ``-``): the
+    fallback identity, said at start with a WARNING."""
+    admin = admin or source_admin(settings, external)
+    where = "the source cluster" if external else "the cluster"
+    cluster_id = external.cluster_id if external else _cluster_id(admin, where)[0] or ""
+    try:
+        topic_id = read_topic_id(admin, settings.topic, _METADATA_TIMEOUT_S)
+    except KafkaException as exc:
+        raise SourceRefused(f"cannot read the id of topic {settings.topic!r} on {where}: {exc}") from None
+    origin = KafkaOrigin(cluster_id, topic_id)
+    if not origin.complete:
+        log.warning(
+            "source: %s reports no %s for topic %s: default record ids fall back to %s, which %s (docs/services/source.md, "
+            "\"Record identity\")", where, "topic id" if cluster_id else "cluster id or topic id", settings.topic,
+            kafka_record_id(origin, settings.topic, 0, 0).replace("/0/0", "/<partition>/<offset>"),
+            "cannot tell a recreated topic from the old one" if cluster_id else "cannot tell this cluster's topic from a "
+            "same-named one elsewhere, nor a recreated topic from the old one",
+        )
+    return origin
+
+
+def record_id_form(settings: SourceSettings, origin: KafkaOrigin | None = None) -> str:
+    """How the source names its records, for the start line."""
+    if settings.id_field:
+        return f"field {settings.id_field!r}"
+    if origin is None:
+        return "kafka://<cluster id>/<topic>/<topic id>/<partition>/<offset>"
+    return kafka_record_id(origin, settings.topic, 0, 0).removesuffix("/0/0") + "/<partition>/<offset>"
+
+
 def build(
-    settings: SourceSettings, external: ExternalTopic | None = None
+    settings: SourceSettings, external: ExternalTopic | None = None, origin: KafkaOrigin | None = None
 ) -> tuple[TransactionalLoop[KeyValueStore], ServiceServer, SourceStage]:
-    """The loop over the topic; ``external``: the topic is on that other cluster."""
+    """The loop over the topic; ``external``: the topic is on that other cluster; ``origin``:
+    its cluster id and topic id (read here if not given)."""
     common = settings.common
+    admin = source_admin(settings, external)
+    origin = origin or read_origin(settings, external, admin)
     stage = SourceStage(
-        Mapping(settings.limits, settings.id_field),
+        Mapping(settings.limits, settings.id_field, origin),
         common.topic(Topic.INGEST_RECORDS),
         settings.tree_timeout_ms if settings.acking else None,
     )
+    inner = (
+        GroupIntake(common, settings.group_id, settings.topic, settings.loop.session_timeout_ms)
+        if external is None
+        else ExternalIntake(common, external, common.topic(Topic.SOURCE_OFFSETS))
+    )
+    intake = IdentityIntake(inner, admin, settings.topic, origin)
     loop = TransactionalLoop(
         stage=stage,
         common=common,
@@ -82,8 +135,9 @@ def build(
         group_id=settings.group_id,
         transactional_id=transactional_id(settings, external),
         dlq_topic=common.topic(Topic.SOURCE_DLQ),
-        intake=None if external is None else ExternalIntake(common, external, common.topic(Topic.SOURCE_OFFSETS)),
+        intake=intake,
     )
+    intake.stop = loop.stopping
 
     def gauges() -> dict[str, float]:
         return {"copied": float(stage.counts.copied), "dead_lettered": float(stage.counts.dead_lettered)}
@@ -104,9 +158,14 @@ def run(settings: SourceSettings) -> int:
     except SourceRefused as exc:
         print(f"onceflow-source: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    loop, server, _stage = build(settings, external)
+    try:
+        origin = read_origin(settings, external)
+    except SourceRefused as exc:
+        print(f"onceflow-source: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    loop, server, _stage = build(settings, external, origin)
     log.info("source: copying %s%s into %s as %s (record_id: %s)", settings.topic,
              f" from cluster {external.cluster_id} ({external.bootstrap})" if external else "",
              settings.common.topic(Topic.INGEST_RECORDS), transactional_id(settings, external),
-             f"field {settings.id_field!r}" if settings.id_field else "topic/partition/offset")
+             record_id_form(settings, origin))
     return run_loop_service(loop, server, settings.metrics_port, settings.host)

@@ -14,7 +14,7 @@ from onceflow.service_main import EXIT_USAGE
 from onceflow_source.config import SourceSettings
 from onceflow.runner import run_loop_service
 from onceflow.topology import Topic
-from onceflow_source.service import SourceRefused, build, check_source
+from onceflow_source.service import SourceRefused, build, check_source, read_origin, record_id_form
 
 app = typer.Typer(no_args_is_help=True, help="Bring your own data: copy an existing topic into the pipeline.")
 console = Console()
@@ -28,7 +28,8 @@ def kafka(
         "", help="The topic's cluster; default the pipeline's. On another, its positions go to source.offsets, in the transaction."
     ),
     id_field: str = typer.Option(
-        "", "--id-field", help="JSON field of the value holding the record_id (default: topic/partition/offset)."
+        "", "--id-field",
+        help="JSON field of the value holding the record_id (default: kafka://<cluster id>/<topic>/<topic id>/<partition>/<offset>).",
     ),
     instance: str = typer.Option("", help="Instance name, stable across restarts (default ONCEFLOW_SOURCE_INSTANCE)."),
     port: int = typer.Option(-1, help="gRPC port (Admin, health); default ONCEFLOW_SOURCE_PORT (15056), 0 picks one."),
@@ -44,8 +45,13 @@ def kafka(
     except SourceRefused as exc:
         console.print(f"[red]refused:[/red] {exc}")
         raise typer.Exit(EXIT_USAGE) from None
-    loop, server, stage = build(settings, external)
-    ids = f"field {settings.id_field!r}" if settings.id_field else "topic/partition/offset"
+    try:
+        origin = read_origin(settings, external)
+    except SourceRefused as exc:
+        console.print(f"[red]refused:[/red] {exc}")
+        raise typer.Exit(EXIT_USAGE) from None
+    loop, server, stage = build(settings, external, origin)
+    ids = record_id_form(settings, origin)
     console.print(f"copying {topic} -> {settings.common.topic(Topic.INGEST_RECORDS)} (record_id: {ids}); Ctrl-C stops")
     done = threading.Event()
 

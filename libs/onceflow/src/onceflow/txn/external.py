@@ -46,7 +46,13 @@ class ExternalTopic:
 
 def read_positions(common: CommonSettings, positions_topic: str, source: ExternalTopic,
                    stop: threading.Event | None = None, timeout_s: float = 120.0) -> dict[int, int]:
-    """partition -> the committed next offset of ``source``, from ``positions_topic``.
+    """partition -> the committed next offset of ``source``, from ``positions_topic``."""
+    return {p: offset for p, (offset, _metadata) in read_stored(common, positions_topic, source, stop, timeout_s).items()}
+
+
+def read_stored(common: CommonSettings, positions_topic: str, source: ExternalTopic,
+                stop: threading.Event | None = None, timeout_s: float = 120.0) -> dict[int, tuple[int, str]]:
+    """partition -> (the committed next offset of ``source``, its metadata), from ``positions_topic``.
 
     Read to the high watermark seen at the call, not only to the last stable offset: another
     writer's open transaction holds the LSO back, and records of ours committed after its start
@@ -63,10 +69,17 @@ def read_positions(common: CommonSettings, positions_topic: str, source: Externa
             time.sleep(0.2)
     ours = source.position_key(0)[:-1]
     return {
-        int(key[len(ours):]): int(value)
+        int(key[len(ours):]): _position(value)
         for (_partition, key), value in latest_by_key(read_committed(common, positions_topic)).items()
         if key.startswith(ours)
     }
+
+
+def _position(value: bytes) -> tuple[int, str]:
+    """A position record's value: the offset, then optionally a space and its metadata (the
+    source's topic id, for instance; like a group offset's commit metadata)."""
+    offset, _, metadata = value.decode().partition(" ")
+    return int(offset), metadata
 
 
 def partition_count(consumer: Consumer, topic: str) -> int:
@@ -106,8 +119,9 @@ class ExternalIntake:
     def open(self, overrides: dict[str, Any], on_assign: Rebalance, on_revoke: Rebalance) -> Consumer:
         consumer = Consumer(source_config(self._common, self.source, **overrides))
         count = partition_count(consumer, self.source.topic)
-        positions = read_positions(self._common, self._positions_topic, self.source)
-        log.info("%s: %d partitions, resuming at %s", self.source.topic, count, positions)
+        positions = read_stored(self._common, self._positions_topic, self.source)
+        log.info("%s: %d partitions, resuming at %s", self.source.topic, count,
+                 {p: offset for p, (offset, _metadata) in positions.items()})
         on_assign(consumer, self._at(positions, range(count)))
         return consumer
 
@@ -116,15 +130,16 @@ class ExternalIntake:
 
     def send(self, producer: TransactionalProducer, consumer: Consumer, offsets: list[TopicPartition]) -> None:
         for tp in offsets:
-            producer.produce(self._positions_topic, str(tp.offset).encode(), self.source.position_key(tp.partition), 0)
+            value = f"{tp.offset} {tp.metadata}" if tp.metadata else str(tp.offset)
+            producer.produce(self._positions_topic, value.encode(), self.source.position_key(tp.partition), 0)
 
     def committed(
         self, consumer: Consumer, partitions: list[TopicPartition], stop: threading.Event
     ) -> list[TopicPartition] | None:
-        positions = read_positions(self._common, self._positions_topic, self.source, stop)
+        positions = read_stored(self._common, self._positions_topic, self.source, stop)
         if stop.is_set():
             return None
         return self._at(positions, [tp.partition for tp in partitions])
 
-    def _at(self, positions: dict[int, int], partitions: Iterable[int]) -> list[TopicPartition]:
-        return [TopicPartition(self.source.topic, p, positions.get(p, OFFSET_BEGINNING)) for p in partitions]
+    def _at(self, positions: dict[int, tuple[int, str]], partitions: Iterable[int]) -> list[TopicPartition]:
+        return [TopicPartition(self.source.topic, p, *positions.get(p, (OFFSET_BEGINNING, ""))) for p in partitions]
