@@ -36,6 +36,8 @@ class Deployment:
         self.ingest = pipe.process(
             "ingest", "onceflow_ingest", ONCEFLOW_INGEST_PORT=str(self.port), ONCEFLOW_INGEST_METRICS_PORT="0",
             ONCEFLOW_INGEST_TREE_TIMEOUT_MS=str(tree_timeout_ms), ONCEFLOW_INGEST_MAX_ATTEMPTS=str(max_attempts),
+            # The test bolts lose records outside any transaction: what Storm's replays are for.
+            ONCEFLOW_INGEST_REPLAY="true",
             ONCEFLOW_LOOP_PUNCTUATE_MS="250",
         )
         self.ackers: list[tuple[ServiceProcess, str]] = []

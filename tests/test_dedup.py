@@ -46,6 +46,7 @@ class Deployment:
         self.ingest = pipe.process(
             "ingest", "onceflow_ingest", ONCEFLOW_INGEST_PORT=self.ingest_address.rsplit(":", 1)[1],
             ONCEFLOW_INGEST_METRICS_PORT="0", ONCEFLOW_INGEST_TREE_TIMEOUT_MS="120000", ONCEFLOW_LOOP_PUNCTUATE_MS="250",
+            ONCEFLOW_INGEST_REPLAY="true",  # replays are one more source of copies for the gate
         )
         self.acker = pipe.process(
             "acker", "onceflow_acker", ONCEFLOW_ACKER_PORT=str(free_port()), ONCEFLOW_ACKER_METRICS_PORT="0",

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from confluent_kafka import Message
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Message
 
 from onceflow.codec import decode_envelope, encode_envelope, new_id
 from onceflow.config import CommonSettings
@@ -63,8 +63,12 @@ def envelope(record_id: str, ingest_time_ms: int, key: bytes = b"") -> Envelope:
     )
 
 
-def message(value: bytes, partition: int = 0, offset: int = 0) -> Message:
-    return Message(topic=Topic.INGEST_RECORDS, partition=partition, offset=offset, key=b"k", value=value)
+def message(value: bytes, partition: int = 0, offset: int = 0, appended_ms: int | None = None) -> Message:
+    """A consumed record; ``appended_ms``: stamped by the broker (LogAppendTime), else by its writer."""
+    if appended_ms is None:
+        return Message(topic=Topic.INGEST_RECORDS, partition=partition, offset=offset, key=b"k", value=value)
+    return Message(topic=Topic.INGEST_RECORDS, partition=partition, offset=offset, key=b"k", value=value,
+                   timestamp=(TIMESTAMP_LOG_APPEND_TIME, appended_ms))
 
 
 class Harness:
@@ -75,11 +79,11 @@ class Harness:
         self.stores = Stores({0: exact.DedupStore(client, prefix, 0, SPEC, use_filters=use_filters)})
         self.offset = 0
 
-    def run(self, envelopes: list[Envelope | bytes], punctuate: bool = False) -> Batch:
+    def run(self, envelopes: list[Envelope | bytes], punctuate: bool = False, appended_ms: int | None = None) -> Batch:
         records = []
         for item in envelopes:
             value = item if isinstance(item, bytes) else encode_envelope(item)
-            records.append(message(value, offset=self.offset))
+            records.append(message(value, offset=self.offset, appended_ms=appended_ms))
             self.offset += 1
         batch = Batch(records, self.stores, Topic.DEDUP_DLQ, "dedup", Topic.ACKER_ACKS)  # type: ignore[arg-type]
         if records:
@@ -222,3 +226,68 @@ def test_without_filters_every_lookup_reads_the_store(client: redis.Redis, prefi
     gate = Harness(client, prefix, use_filters=False)
     gate.run([envelope(f"n-{i}", 1000) for i in range(50)])
     assert gate.gate.counts.store_reads == 50 and gate.gate.counts.fast_path == 0
+
+
+# -- time from one clock, and replays it can no longer judge (issue 46) -------------------------
+
+HOUR_MS = 3_600_000
+
+
+@pytest.mark.edges
+def test_a_host_clock_behind_by_an_hour_cannot_push_its_records_past_the_horizon(client: redis.Redis, prefix: str) -> None:
+    """An ingest host an hour slow stamps ingest_time an hour back; the broker's append time is
+    what files the id, so it is remembered and its retry is dropped. On writer time (the old
+    rule) it was beyond the horizon: passed unremembered, and the retry passed again."""
+    gate = Harness(client, prefix)
+    now = 10 * HOUR_MS
+    gate.run([envelope("early", now - 1000)], appended_ms=now - 1000)
+    first = gate.run([envelope("slow-host", now - HOUR_MS)], appended_ms=now)
+    retry = gate.run([envelope("slow-host", now + 500 - HOUR_MS)], appended_ms=now + 500)
+    assert passed_ids(first) == ["slow-host"] and passed_ids(retry) == []
+    assert gate.gate.counts.beyond_horizon == 0
+    assert gate.gate.skew.behind_ms >= HOUR_MS - 1000  # measured, not obeyed
+
+
+@pytest.mark.edges
+def test_a_host_clock_an_hour_ahead_cannot_expire_every_bucket(client: redis.Redis, prefix: str) -> None:
+    gate = Harness(client, prefix)
+    now = 10 * HOUR_MS
+    gate.run([envelope(f"id-{i}", now) for i in range(20)], appended_ms=now)
+    gate.run([envelope("fast-host", now + HOUR_MS)], appended_ms=now + 100, punctuate=True)
+    again = gate.run([envelope(f"id-{i}", now + 200) for i in range(20)], appended_ms=now + 200, punctuate=True)
+    assert passed_ids(again) == []
+    assert gate.gate.counts.expired_ids == 0
+    assert gate.gate.skew.ahead_ms >= HOUR_MS - 200
+
+
+@pytest.mark.edges
+def test_a_replay_whose_original_is_past_the_horizon_is_refused_with_the_reason(client: redis.Redis, prefix: str) -> None:
+    """The gate forgot the original (GC past the horizon): a replay of it may apply it twice,
+    so it is dead-lettered with the reason and its tree ends here, instead of passing."""
+    gate = Harness(client, prefix)
+    start = 10 * HOUR_MS
+    original = envelope("r", start)
+    gate.run([original], appended_ms=start)
+    later = start + SPEC.horizon_ms + 3 * SPEC.bucket_ms
+    gate.run([envelope("later", later)], appended_ms=later, punctuate=True)
+    assert gate.gate.counts.expired_ids == 1  # the original's id is gone from the store
+    replay = Envelope()
+    replay.CopyFrom(original)
+    replay.root_id, replay.edge_id, replay.attempt, replay.first_appended_ms = new_id(), new_id(), 2, start
+    batch = gate.run([replay], appended_ms=later + 10)
+    assert passed_ids(batch) == []
+    (letter,) = [DeadLetter.FromString(o.value) for o in batch.outputs if o.topic == Topic.DEDUP_DLQ]
+    assert letter.error_class == "ReplayBeyondHorizon" and "beyond the dedup horizon" in letter.message
+    (ack,) = acks(batch)
+    assert ack.xor_value == replay.edge_id  # settled: the tree ends at the gate
+    assert gate.gate.counts.replays_refused == 1
+
+    # A first attempt as old (a client's own late re-send) is the documented horizon contract;
+    # and a replay the gate can still judge is judged: here, a duplicate.
+    fresh = envelope("fresh", later)
+    gate.run([fresh], appended_ms=later)
+    known = Envelope()
+    known.CopyFrom(fresh)
+    known.root_id, known.edge_id, known.attempt, known.first_appended_ms = new_id(), new_id(), 2, later
+    assert passed_ids(gate.run([known], appended_ms=later + 20)) == []
+    assert gate.gate.counts.replays_refused == 1 and gate.gate.counts.dropped == 1

@@ -13,22 +13,19 @@ still appear, but no call returns, because the trees end only at the sink's ack.
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import grpc
 import pytest
 
-from onceflow.config import CommonSettings
-from onceflow.faults import ALLOW_ENV, SABOTAGE_ENV
+from onceflow.faults import SABOTAGE_ENV
 from onceflow.v1 import ingest_pb2, ingest_pb2_grpc, sink_pb2, sink_pb2_grpc
 from onceflow.v1.ingest_pb2 import IngestRecord
-from onceflow_tools.infra.topics import delete_topics, ensure_topics
 from onceflow_tools.verify.supervisor import Supervisor
 from onceflow_tools.workloads import nexmark, usersum
 from onceflow_tools.workloads.usersum import KeyedRecord
-from tests.conftest import COMPUTE_NOT_UNDER_TEST, TEST_SESSION_TIMEOUT_MS, eventually
+from tests.conftest import COMPUTE_NOT_UNDER_TEST, eventually
+from tests.harness.supervised import supervised
 from tests.nexmark_answers import q3
 
 pytestmark = [pytest.mark.acker, pytest.mark.integration]
@@ -38,26 +35,6 @@ Table = dict[str, dict]
 # call that has not returned by then is waiting for an ack that never comes.
 PROCESSED_WITHIN_S = 45.0
 TREE_TIMEOUT_MS = 120_000
-
-
-def supervised(tmp_path: Path, compute: dict[str, str], env: dict[str, str]) -> Iterator[Supervisor]:
-    prefix = f"t{uuid.uuid4().hex[:10]}."
-    common = CommonSettings(topic_prefix=prefix)
-    ensure_topics(common.kafka_bootstrap, prefix=prefix)
-    supervisor = Supervisor(
-        prefix, tmp_path,
-        settings={"compute": compute, "ingest": {"TREE_TIMEOUT_MS": str(TREE_TIMEOUT_MS)}},
-        env={
-            "ONCEFLOW_KAFKA_BOOTSTRAP": common.kafka_bootstrap, "ONCEFLOW_LOOP_SESSION_TIMEOUT_MS": str(TEST_SESSION_TIMEOUT_MS),
-            ALLOW_ENV: "1", **env,
-        },
-    )
-    try:
-        supervisor.start_all()
-        yield supervisor
-    finally:
-        supervisor.stop_all()
-        delete_topics(common.kafka_bootstrap, prefix=prefix)
 
 
 def rows(sink: str, job: str, keys: list[str]) -> Table:
@@ -104,7 +81,8 @@ def processed_then_visible(
 
 @pytest.fixture(scope="module")
 def aggregating(infra: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervisor]:
-    yield from supervised(tmp_path_factory.mktemp("processed-agg"), {"JOB": usersum.JOB}, COMPUTE_NOT_UNDER_TEST)
+    settings = {"compute": {"JOB": usersum.JOB}, "ingest": {"TREE_TIMEOUT_MS": str(TREE_TIMEOUT_MS)}}
+    yield from supervised(tmp_path_factory.mktemp("processed-agg"), settings, COMPUTE_NOT_UNDER_TEST)
 
 
 def usersum_sends(id_prefix: str, count: int) -> list[list[KeyedRecord]]:
@@ -152,7 +130,8 @@ def test_the_check_fails_when_the_sink_drops_its_acks(aggregating: Supervisor) -
 @pytest.fixture(scope="module")
 def joining(infra: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervisor]:
     compute = {"JOB": "nexmark_q3", "SPARK_MASTER": "local[1]", "SPARK_SHUFFLE_PARTITIONS": "1"}
-    yield from supervised(tmp_path_factory.mktemp("processed-join"), compute, {})
+    settings = {"compute": compute, "ingest": {"TREE_TIMEOUT_MS": str(TREE_TIMEOUT_MS)}}
+    yield from supervised(tmp_path_factory.mktemp("processed-join"), settings, {})
 
 
 def q3_events() -> list[nexmark.Event]:

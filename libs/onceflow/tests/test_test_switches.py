@@ -33,13 +33,14 @@ def _server() -> ServiceServer:
 
 @pytest.fixture(autouse=True)
 def _clean(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in (faults.ENV, faults.SABOTAGE_ENV, faults.ALLOW_ENV, faults.GUARANTEE_ENV):
+    for name in (faults.ENV, faults.SABOTAGE_ENV, faults.ALLOW_ENV, faults.GUARANTEE_ENV, faults.CLOCK_SKEW_ENV):
         monkeypatch.delenv(name, raising=False)
 
 
 @pytest.mark.parametrize(
     ("name", "value"),
-    [(faults.SABOTAGE_ENV, "read_uncommitted"), (faults.ENV, "after_produce@2"), (faults.GUARANTEE_ENV, "at_least_once")],
+    [(faults.SABOTAGE_ENV, "read_uncommitted"), (faults.ENV, "after_produce@2"), (faults.GUARANTEE_ENV, "at_least_once"),
+     (faults.CLOCK_SKEW_ENV, "-3600000")],
 )
 def test_any_test_switch_refuses_to_start_unless_allowed(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
     monkeypatch.setenv(name, value)

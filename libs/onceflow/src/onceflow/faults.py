@@ -22,8 +22,11 @@ worth testing (see ``POINTS``).
 - ``sink_drops_acks``: the sink applies result changes but never acks their anchors, so no tree
   behind them completes (proof that ``wait=PROCESSED`` waits for the sink).
 
+``ONCEFLOW_TEST_CLOCK_SKEW_MS`` shifts this process's wall clock, as on a host whose clock is
+wrong (``onceflow.codec.now_ms``).
+
 Never set these outside tests: a service refuses to start with any test-only switch (a fault,
-a sabotage, or ``ONCEFLOW_PROCESSING_GUARANTEE=at_least_once``) unless
+a sabotage, a skewed clock, or ``ONCEFLOW_PROCESSING_GUARANTEE=at_least_once``) unless
 ``ONCEFLOW_ALLOW_TEST_SWITCHES=1`` is set too (the test harness, ``onceflow verify`` and the
 bench set it). Every service logs the switches it runs with (``guard_switches``) and its Admin
 ``Status`` lists them (``test_switches``), so a leftover ``export`` in a shell cannot quietly
@@ -58,6 +61,9 @@ VERIFY_SABOTAGES = ("offsets_outside_txn", "read_uncommitted", "redis_unchecked"
 # the wait=PROCESSED test uses it (tests/test_processed.py).
 SABOTAGES = (*VERIFY_SABOTAGES, "sink_drops_acks")
 ALLOW_ENV = "ONCEFLOW_ALLOW_TEST_SWITCHES"
+# Milliseconds added to this process's wall clock (`onceflow.codec.now_ms`): a host whose clock
+# is wrong, for the tests and the verify fault that show it cannot move the dedup horizon.
+CLOCK_SKEW_ENV = "ONCEFLOW_TEST_CLOCK_SKEW_MS"
 # Not a fault, but as weakening: the bench's at-least-once twin of every producer.
 GUARANTEE_ENV = "ONCEFLOW_PROCESSING_GUARANTEE"
 log = logging.getLogger(__name__)
@@ -133,7 +139,7 @@ class SwitchesNotAllowed(RuntimeError):
 
 def active_switches() -> list[str]:
     """The test-only switches set in this process's environment, as ``NAME=value``."""
-    switches = [f"{name}={os.environ[name]}" for name in (ENV, SABOTAGE_ENV) if os.environ.get(name)]
+    switches = [f"{name}={os.environ[name]}" for name in (ENV, SABOTAGE_ENV, CLOCK_SKEW_ENV) if os.environ.get(name)]
     if os.environ.get(GUARANTEE_ENV, "exactly_once") != "exactly_once":
         switches.append(f"{GUARANTEE_ENV}={os.environ[GUARANTEE_ENV]}")
     return switches

@@ -82,6 +82,9 @@ class DedupAdminServicer(dedup_pb2_grpc.DedupAdminServicer):
             dead_letters=counts.dead_letters,
             forgotten=counts.forgotten,
             partitions=[p for p, _s in owned],
+            replays_refused=counts.replays_refused,
+            clock_ahead_ms=self._gate.skew.ahead_ms,
+            clock_behind_ms=self._gate.skew.behind_ms,
         )
 
     def Forget(self, request: dedup_pb2.ForgetRequest, context: grpc.ServicerContext) -> dedup_pb2.ForgetReply:

@@ -5,6 +5,11 @@ filter says "maybe", the record is new without a store read (the fast path); oth
 exact store decides (present: duplicate; absent: a false positive, so new). New ids go into the
 transaction's state overlay, hence into ``dedup.changelog`` with the outputs and offsets.
 
+Time is the broker's: ``ingest.records`` stamps each record with its log-append time, so no
+client or ingest host's clock moves the horizon (docs/architecture.md, "Where identity and time
+come from"). A replay whose original is beyond the horizon is refused, not passed: the gate can
+no longer tell whether the original took effect (docs/decisions/0022).
+
 Punctuation does the writes that are not driven by records: GC of buckets past the horizon
 and operators' Forget requests, both as changelog tombstones in a transaction of their own.
 """
@@ -17,7 +22,7 @@ import queue
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from confluent_kafka import Message
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Message
 
 from onceflow.codec import decode_envelope, encode_envelope, new_id
 from onceflow.kafka.records import partition_of
@@ -45,6 +50,7 @@ class GateCounts:
     store_reads: int = 0
     false_positives: int = 0
     beyond_horizon: int = 0
+    replays_refused: int = 0
     expired_ids: int = 0
     forgotten: int = 0
     dead_letters: int = 0
@@ -60,6 +66,27 @@ class ForgetRequest:
     done: Future[tuple[bool, int]] = field(default_factory=Future)
 
 
+class ReplayBeyondHorizon(Exception):
+    """A replay whose original is older than the horizon: passing it could apply it twice."""
+
+
+@dataclass
+class ClockSkew:
+    """How far writers' clocks (each envelope's ``ingest_time_ms``) stood from the broker's
+    log-append time: ``ahead_ms`` the most ahead, ``behind_ms`` the most behind (both >= 0;
+    commit latency shows as a little 'behind'). Only measured: neither moves the horizon."""
+
+    ahead_ms: int = 0
+    behind_ms: int = 0
+
+    def widen(self, other: ClockSkew) -> None:
+        self.ahead_ms = max(self.ahead_ms, other.ahead_ms)
+        self.behind_ms = max(self.behind_ms, other.behind_ms)
+
+
+SKEW_WINDOW_MS = 60_000  # the reported skew is the widest of the current window
+
+
 class DedupGate:
     name = "dedup"
 
@@ -71,17 +98,43 @@ class DedupGate:
         self._rekey = rekey
         self._gc_limit = gc_limit
         self.counts = GateCounts()
+        self.skew = ClockSkew()
+        self._skew_window_start = 0
+        self._warned_create_time: set[int] = set()
         self.forget_requests: queue.Queue[ForgetRequest] = queue.Queue()
 
     # -- records -------------------------------------------------------------------------------
 
     def process(self, batch: Batch[DedupStore]) -> None:
         counts = GateCounts()
+        skew = ClockSkew()
         for record in batch.records:
-            self._gate(record, batch, counts)
-        self._count_after_commit(batch, counts)
+            self._gate(record, batch, counts, skew)
+        self._count_after_commit(batch, counts, skew)
 
-    def _gate(self, record: Message, batch: Batch[DedupStore], counts: GateCounts) -> None:
+    def _clock_ms(self, record: Message, ingest_time_ms: int, now_ms: int, skew: ClockSkew) -> int:
+        """The record's time on the one clock the gate trusts: the broker's log-append time.
+        A topic created with CreateTime (before onceflow set LogAppendTime on ingest.records)
+        has only the writer's clock: used as before, with a warning per partition."""
+        kind, appended_ms = record.timestamp()
+        if kind == TIMESTAMP_LOG_APPEND_TIME and appended_ms > 0:
+            if ingest_time_ms:
+                offset = ingest_time_ms - appended_ms
+                if offset > skew.ahead_ms:
+                    skew.ahead_ms = offset
+                elif -offset > skew.behind_ms:
+                    skew.behind_ms = -offset
+            return int(appended_ms)
+        partition = partition_of(record)
+        if partition not in self._warned_create_time:
+            self._warned_create_time.add(partition)
+            log.warning(
+                "%s[%d] has no log-append time: the horizon follows the ingest hosts' clocks; run `onceflow infra "
+                "topics` to set message.timestamp.type=LogAppendTime on it", record.topic(), partition,
+            )
+        return ingest_time_ms or now_ms
+
+    def _gate(self, record: Message, batch: Batch[DedupStore], counts: GateCounts, skew: ClockSkew) -> None:
         try:
             envelope = decode_envelope(record.value() or b"")  # checks record_id too
         except Exception as exc:  # noqa: BLE001 - any undecodable record is poison, not a crash
@@ -91,7 +144,7 @@ class DedupGate:
         state = batch.state(partition_of(record))
         store = state.store
         key = envelope.record_id.encode()
-        ingest_time = envelope.ingest_time_ms or batch.now_ms
+        ingest_time = self._clock_ms(record, envelope.ingest_time_ms, batch.now_ms, skew)
         store.advance(ingest_time)
 
         if state.changes.get(key) is not None:
@@ -109,6 +162,22 @@ class DedupGate:
             if self._ack_mode is not AckMode.OFF:
                 batch.ack(envelope)
             return
+
+        if envelope.attempt > 1:
+            # A replay the store does not know. Its original came first in this partition (both
+            # are keyed by record_id), so it was seen: within the horizon it would have been
+            # found; beyond it, it may well have taken effect. Refuse rather than guess.
+            original_ms = envelope.first_appended_ms or envelope.ingest_time_ms
+            if original_ms and store.beyond_horizon(original_ms):
+                counts.replays_refused += 1
+                counts.dead_letters += 1
+                batch.dead_letter(record, ReplayBeyondHorizon(
+                    f"attempt {envelope.attempt} of {envelope.record_id!r}: its original (appended at {original_ms} ms) "
+                    f"is beyond the dedup horizon, so the gate cannot tell whether it took effect; not passed"
+                ))
+                if self._ack_mode is not AckMode.OFF:
+                    batch.ack(envelope)
+                return
 
         counts.passed += 1
         if store.beyond_horizon(ingest_time):
@@ -170,9 +239,15 @@ class DedupGate:
                 return request, True, partition
         return request, False, -1
 
-    def _count_after_commit(self, batch: Batch[DedupStore], counts: GateCounts) -> None:
+    def _count_after_commit(self, batch: Batch[DedupStore], counts: GateCounts, skew: ClockSkew) -> None:
         def count() -> None:
             self.counts.add(counts)
+            if batch.now_ms - self._skew_window_start >= SKEW_WINDOW_MS:
+                self.skew, self._skew_window_start = ClockSkew(), batch.now_ms
+            self.skew.widen(skew)
+            metrics.CLOCK_SKEW.labels("ahead").set(self.skew.ahead_ms / 1000)
+            metrics.CLOCK_SKEW.labels("behind").set(self.skew.behind_ms / 1000)
+            metrics.RECORDS.labels("replay_refused").inc(counts.replays_refused)
             metrics.RECORDS.labels("passed").inc(counts.passed)
             metrics.RECORDS.labels("dropped").inc(counts.dropped)
             metrics.FAST_PATH.inc(counts.fast_path)

@@ -93,15 +93,24 @@ class IngestSettings(BaseSettings):
     acking: bool = Field(
         default=True,
         description="Storm-style acking: each record's INIT goes to the acker with the record, trees in flight count "
-        "against `max_pending`, and TIMED_OUT or FAILED trees are replayed; needs an acker running.",
+        "against `max_pending`, and `wait=PROCESSED` answers once a record's tree completes; needs an acker running.",
     )
     tree_timeout_ms: int = Field(
-        default=30_000, ge=100, description="A tree not fully acked within this is TIMED_OUT and replayed."
+        default=30_000,
+        ge=100,
+        description="A tree not fully acked within this is TIMED_OUT: counted and logged, and a `wait=PROCESSED` caller "
+        "is told its outcome is unknown (retriable); replayed only with `replay`.",
+    )
+    replay: bool = Field(
+        default=False,
+        description="Replay TIMED_OUT and FAILED trees (Storm's at-least-once), up to `max_attempts`, then `ingest.dlq`. "
+        "Off by default: every hop commits its input with its outputs, so a timed-out tree is late, not lost, and a "
+        "replay can only add a copy (docs/decisions/0022). For stages outside the transactions that can lose records.",
     )
     max_attempts: int = Field(
         default=3,
         ge=1,
-        description="Attempts per record (1: never replay); then the record goes to `ingest.dlq`.",
+        description="With `replay`: attempts per record (1: never replay), then the record goes to `ingest.dlq`.",
     )
     processed_wait_s: float = Field(
         default=120.0,

@@ -59,14 +59,14 @@ class IngestService:
         self.replay_stage: ReplayStage | None = None
         acking = None
         if settings.acking:
-            self.trees = InFlightTrees(settings.max_attempts)
+            self.trees = InFlightTrees(settings.max_attempts if settings.replay else 1)
             acks_topic = common.topic(Topic.ACKER_ACKS)
             partitions = wait_partition_count(common, acks_topic, self._stop)
             acking = Acking(self.trees, spout.Inits(acks_topic, partitions, settings.tree_timeout_ms))
             self.watcher = EventWatcher(common, common.topic(Topic.ACKER_EVENTS), self.trees)
             self.replay_stage = ReplayStage(
                 OriginalFetcher(common, ingest_topic), ingest_topic, common.topic(Topic.INGEST_DLQ),
-                common.topic(Topic.ACKER_ACKS), settings.max_attempts, settings.tree_timeout_ms,
+                common.topic(Topic.ACKER_ACKS), settings.max_attempts, settings.tree_timeout_ms, replay=settings.replay,
             )
             self.replayer = TransactionalLoop(
                 stage=self.replay_stage,
@@ -116,6 +116,7 @@ class IngestService:
                 "trees_in_flight": float(len(self.trees)),
                 "trees_completed": float(self.trees.completed),
                 "trees_failed": float(self.trees.failed),
+                "trees_timed_out": float(self.replay_stage.timed_out),
                 "replayed": float(self.replay_stage.replayed),
                 "dead_lettered": float(self.replay_stage.dead_lettered),
             }

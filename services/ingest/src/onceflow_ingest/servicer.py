@@ -72,16 +72,26 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
         return ingest_pb2.IngestReply(accepted=len(envelopes), commit_ids=[commit_id])
 
     def _wait_processed(self, waiter: Waiter, commit_id: int, context: grpc.ServicerContext) -> None:
+        """Each answer states a guarantee (docs/services/ingest.md): OK, every record settled;
+        ABORTED, some record took no effect and never will; DEADLINE_EXCEEDED, committed and
+        not known to be processed yet, so a retry with the same record_ids is safe."""
         timeout = context.time_remaining() or self._settings.processed_wait_s
         if not waiter.done.wait(max(0.0, min(timeout, self._settings.processed_wait_s))):
             context.abort(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
                 f"committed (commit {commit_id}) but {waiter.remaining} record(s) not yet fully processed; "
-                "they are still in flight and will be replayed if they time out",
+                "they are still in flight; retry with the same record_ids to wait again (copies are dropped)",
             )
         if waiter.failures:
-            more = f" (and {len(waiter.failures) - 3} more)" if len(waiter.failures) > 3 else ""
-            context.abort(grpc.StatusCode.ABORTED, "processing failed: " + "; ".join(waiter.failures[:3]) + more)
+            context.abort(grpc.StatusCode.ABORTED, "processing failed, and these records took no effect: "
+                          + _first(waiter.failures))
+        if waiter.unknown:
+            context.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"committed (commit {commit_id}); outcome unknown for {len(waiter.unknown)} record(s) whose trees timed "
+                f"out, so they may still take effect: {_first(waiter.unknown)}; retry with the same record_ids "
+                "(copies are dropped within the dedup horizon)",
+            )
 
     def IngestStream(
         self, request_iterator: Iterator[ingest_pb2.IngestRequest], context: grpc.ServicerContext
@@ -160,6 +170,11 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
     def _reject(self, context: grpc.ServicerContext, reason: str, message: str) -> None:
         metrics.REJECTED.labels("ingest", reason).inc()
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+def _first(reasons: list[str], shown: int = 3) -> str:
+    more = f" (and {len(reasons) - shown} more)" if len(reasons) > shown else ""
+    return "; ".join(reasons[:shown]) + more
 
 
 def _envelopes(records: Iterable[ingest_pb2.IngestRecord], ingest_time_ms: int) -> list[NewRecord]:

@@ -8,6 +8,7 @@ import time
 
 from google.protobuf.message import DecodeError as _ProtoDecodeError
 
+from onceflow.faults import CLOCK_SKEW_ENV
 from onceflow.v1.envelope_pb2 import Envelope
 
 
@@ -28,8 +29,15 @@ def new_id() -> int:
             return value
 
 
+# A host clock set wrong on purpose (a test-only switch, refused without the allow setting):
+# what a skewed ingest or source host writes as ingest time.
+_CLOCK_SKEW_MS = int(os.environ.get(CLOCK_SKEW_ENV, "0") or 0)
+
+
 def now_ms() -> int:
-    return time.time_ns() // 1_000_000
+    """This host's wall clock: good for ingest time and timers, never trusted across hosts (the
+    dedup gate's horizon follows the broker's log-append time instead)."""
+    return time.time_ns() // 1_000_000 + _CLOCK_SKEW_MS
 
 
 def encode_envelope(envelope: Envelope) -> bytes:

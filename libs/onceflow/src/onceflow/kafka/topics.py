@@ -4,21 +4,25 @@ here, in the core, because compute creates its job's own topics (``job_specs``) 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic, ResourceType
 
 from onceflow.config import repo_root
 from onceflow.kafka.clients import plain_config
 from onceflow.topology import JOB_NAME, Topic, job_topic
 
+log = logging.getLogger(__name__)
+
 # Changelogs are restored by reading them from the start, and compaction never touches the
 # active segment: rolling every minute and cleaning at 10% dirty keeps a restore close to one
 # record per key instead of the whole history.
+TIMESTAMP_TYPE = "message.timestamp.type"
 CHANGELOG_CONFIG = {
     "cleanup.policy": "compact",
     "segment.ms": "60000",
@@ -38,6 +42,9 @@ class TopicSpec:
     # None: decided by the cluster (``replication_for``): 3 replicas where there are 3 brokers.
     replication_factor: int | None = None
     min_insync_replicas: int | None = None
+    # "LogAppendTime": the broker stamps each record as it appends it, so readers get one clock
+    # that no writer's host controls (ingest.records: the dedup gate's horizon). None: CreateTime.
+    timestamp_type: str | None = None
 
     @property
     def per_job(self) -> bool:
@@ -46,8 +53,12 @@ class TopicSpec:
 
     def config(self) -> dict[str, str]:
         if self.compacted:
-            return dict(CHANGELOG_CONFIG)
-        return {"retention.ms": str(self.retention_ms)} if self.retention_ms is not None else {}
+            config = dict(CHANGELOG_CONFIG)
+        else:
+            config = {"retention.ms": str(self.retention_ms)} if self.retention_ms is not None else {}
+        if self.timestamp_type is not None:
+            config[TIMESTAMP_TYPE] = self.timestamp_type
+        return config
 
     def replication_for(self, brokers: int) -> tuple[int, int]:
         """(replicas, min.insync.replicas) on a cluster of ``brokers``: as declared, else up to
@@ -107,6 +118,7 @@ def load_specs(path: Path | None = None) -> list[TopicSpec]:
                 doc=t.get("doc", ""),
                 replication_factor=t.get("replication_factor", defaults.get("replication_factor")),
                 min_insync_replicas=t.get("min_insync_replicas", defaults.get("min_insync_replicas")),
+                timestamp_type=t.get("timestamp_type"),
             )
         )
     return specs
@@ -176,6 +188,7 @@ def ensure_topics(
             "topics exist with fewer replicas than declared (recreate them, or reassign partitions with "
             "kafka-reassign-partitions): " + "; ".join(short)
         )
+    _align_timestamp_types(admin, [s for s in specs if prefix + s.name in metadata.topics], prefix, timeout)
     new = []
     for s in specs:
         if prefix + s.name in metadata.topics:
@@ -199,6 +212,27 @@ def ensure_topics(
             raise TimeoutError(f"topics without leaders after {timeout:.0f}s: {sorted(wanted)}")
         time.sleep(0.1)
     return created
+
+
+def _align_timestamp_types(admin: AdminClient, existing: list[TopicSpec], prefix: str, timeout: float) -> None:
+    """Topics made before their spec declared a timestamp type (ingest.records before
+    LogAppendTime) get it now: it changes only the stamps of records appended from here on, and
+    the dedup gate takes either kind, so this is safe on a running pipeline."""
+    declared = {prefix + s.name: s.timestamp_type for s in existing if s.timestamp_type is not None}
+    if not declared:
+        return
+    resources = [ConfigResource(ResourceType.TOPIC, name) for name in declared]
+    for resource, future in admin.describe_configs(resources, request_timeout=timeout).items():
+        current = future.result().get(TIMESTAMP_TYPE)
+        wanted = declared[resource.name]
+        if current is not None and current.value == wanted:
+            continue
+        change = ConfigResource(
+            ResourceType.TOPIC, resource.name,
+            incremental_configs=[ConfigEntry(TIMESTAMP_TYPE, wanted, incremental_operation=AlterConfigOpType.SET)],
+        )
+        admin.incremental_alter_configs([change], request_timeout=timeout)[change].result()
+        log.info("%s: %s set to %s (was %s)", resource.name, TIMESTAMP_TYPE, wanted, current.value if current else "unset")
 
 
 def _all_led(topics: dict, wanted: set[str]) -> bool:  # type: ignore[type-arg]

@@ -143,6 +143,9 @@ class Batch(Generic[StoreT]):
         return self._anchoring.anchor()
 
     def fail(self, envelope: Envelope, reason: str) -> None:
+        """End ``envelope``'s tree as FAILED: the stage forwards nothing of it, so ingest may
+        tell a waiting caller it took no effect (ABORTED). A record that may have effects
+        elsewhere is dead-lettered instead."""
         self._acks.add(acks.fail(envelope.root_id, self._stage, reason))
 
     def init_tree(self, root_id: int, edges: Iterable[int], origin: RecordRef, attempt: int, timeout_ms: int) -> None:
