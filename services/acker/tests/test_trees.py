@@ -178,3 +178,16 @@ def test_the_sweep_clock_is_the_wall_clock_only_once_the_input_is_read_to_the_en
     assert clock.now(0, wall_ms=50_000, caught_up=False) == 0
     clock.observe(0, 60_000)  # a sender's clock ahead of ours: never beyond the wall clock
     assert clock.now(0, wall_ms=50_000, caught_up=False) == 50_000
+
+
+@pytest.mark.edges
+def test_a_trees_deadline_counts_on_the_brokers_clock_not_the_ingest_hosts() -> None:
+    """An INIT from an ingest host two hours slow (or fast) would time its tree out at once (or
+    two hours late); stamped by the broker, the tree gets its timeout from its append time."""
+    now, hour = 10 * 3_600_000, 3_600_000
+    for skew in (-2 * hour, 2 * hour):
+        init = acks.init(7, [11], RecordRef(record_id="r", partition=0, offset=3), 1, 5_000)
+        init.sent_at_ms = now + skew
+        tree, decision = apply(None, init, now, 30_000, appended_ms=now)
+        assert decision is None and tree is not None and tree.deadline_ms == now + 5_000
+        assert Tree.decode(encode_new_init(init, now, 30_000, appended_ms=now) or b"").deadline_ms == now + 5_000

@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
 from google.protobuf.message import DecodeError
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -124,7 +125,11 @@ class AckerStage:
                 continue
             partition = partition_of(record)
             state = batch.state(partition)
-            self._clock.observe(partition, record.timestamp()[1])
+            # acker.acks is stamped by the broker (LogAppendTime): deadlines count on its clock,
+            # not on whichever ingest host wrote the INIT (docs/decisions/0022).
+            stamp, appended = record.timestamp()
+            appended = appended if stamp == TIMESTAMP_LOG_APPEND_TIME else 0
+            self._clock.observe(partition, appended or record.timestamp()[1])
             acks += len(messages)
             for message in messages:
                 root_id = message.root_id
@@ -140,12 +145,12 @@ class AckerStage:
                         state.put(key, updated)
                         continue
                 elif raw is None and kind == init_kind:
-                    created = encode_new_init(message, now, self._default_timeout_ms)
+                    created = encode_new_init(message, now, self._default_timeout_ms, appended)
                     if created is not None:  # the other hot path: a new tree's INIT
                         state.put(key, created)
                         continue
                 try:
-                    tree, decision = apply(Tree.decode(raw) if raw else None, message, now, self._default_timeout_ms)
+                    tree, decision = apply(Tree.decode(raw) if raw else None, message, now, self._default_timeout_ms, appended)
                 except ValueError as exc:
                     batch.dead_letter(record, exc, message.SerializeToString())
                     continue

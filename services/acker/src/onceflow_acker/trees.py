@@ -83,9 +83,12 @@ class Decision:
     reason: str = ""
 
 
-def apply(tree: Tree | None, message: AckerMessage, now_ms: int, default_timeout_ms: int) -> tuple[Tree | None, Decision | None]:
+def apply(
+    tree: Tree | None, message: AckerMessage, now_ms: int, default_timeout_ms: int, appended_ms: int = 0,
+) -> tuple[Tree | None, Decision | None]:
     """One acker message applied to its tree. Returns the new tree (None once decided) and the
-    decision, if this message decided it."""
+    decision, if this message decided it. ``appended_ms``: the broker's log-append time of the
+    message's record, the clock a tree's deadline counts on (0: the writer's ``sent_at_ms``)."""
     if tree is None:
         # The deadline counts from the first message seen; INIT moves it to its own timeout.
         tree = Tree(started_ms=now_ms, deadline_ms=now_ms + default_timeout_ms)
@@ -93,7 +96,7 @@ def apply(tree: Tree | None, message: AckerMessage, now_ms: int, default_timeout
     if kind == AckerMessage.INIT:
         tree.ack_val ^= message.xor_value
         tree.init_seen = True
-        tree.started_ms = message.sent_at_ms or tree.started_ms
+        tree.started_ms = appended_ms or message.sent_at_ms or tree.started_ms
         tree.deadline_ms = tree.started_ms + (message.timeout_ms or default_timeout_ms)
         tree.attempt = message.attempt
         tree.origin_partition = message.origin.partition
@@ -106,7 +109,7 @@ def apply(tree: Tree | None, message: AckerMessage, now_ms: int, default_timeout
         tree.init_seen = True
         tree.group = True
         tree.members = tuple(message.members)
-        tree.started_ms = message.sent_at_ms or tree.started_ms
+        tree.started_ms = appended_ms or message.sent_at_ms or tree.started_ms
         tree.deadline_ms = tree.started_ms + (message.timeout_ms or default_timeout_ms)
     elif kind == AckerMessage.FAIL:
         tree.failed = True
@@ -119,13 +122,13 @@ def apply(tree: Tree | None, message: AckerMessage, now_ms: int, default_timeout
     return decide(tree)
 
 
-def encode_new_init(message: AckerMessage, now_ms: int, default_timeout_ms: int) -> bytes | None:
+def encode_new_init(message: AckerMessage, now_ms: int, default_timeout_ms: int, appended_ms: int = 0) -> bytes | None:
     """The hot path of an INIT for a tree not seen before: the encoding ``apply`` would
     produce, without building a Tree. None when the INIT decides the tree by itself (no
     edges), which ``apply`` must handle."""
     if not message.xor_value:
         return None
-    started = message.sent_at_ms or now_ms
+    started = appended_ms or message.sent_at_ms or now_ms
     origin = message.origin
     return _LAYOUT.pack(
         message.xor_value, started, started + (message.timeout_ms or default_timeout_ms), origin.offset,

@@ -39,21 +39,23 @@ from onceflow_tools.process import restart_lone_broker
 from onceflow_tools.verify import kafka_faults, redis_faults, spark_faults
 from onceflow_tools.verify.kafka_faults import CLUSTER_KINDS
 from onceflow_tools.verify.spark_faults import SPARK_KINDS
-from onceflow_tools.verify.supervisor import SERVICES, ZOMBIE_SERVICES, Supervisor
+from onceflow_tools.verify.source_mode import SourceTopic
+from onceflow_tools.verify.supervisor import ZOMBIE_SERVICES, Supervisor
 
 log = logging.getLogger(__name__)
 
 KINDS = (
-    "kill9", "crash_in_txn", "zombie", "broker", *CLUSTER_KINDS, *SPARK_KINDS,
-    "redis-kill9", "redis-rollback", "redis-flush", "redis-failover",
+    "kill9", "crash_in_txn", "zombie", "broker", "clock-skew", *CLUSTER_KINDS, *SPARK_KINDS,
+    "redis-kill9", "redis-rollback", "redis-flush", "redis-failover", "recreate-source-topic",
 )
+SOURCE_KINDS = ("recreate-source-topic",)  # only with the Kafka source (``onceflow verify --source``)
 REDIS_KINDS = tuple(kind for kind in KINDS if kind.startswith("redis-"))
 
 
-def available_kinds() -> tuple[str, ...]:
+def available_kinds(source: bool = False) -> tuple[str, ...]:
     """Every kind the running stack can take: a failover needs the Sentinel topology, the
-    targeted broker faults a cluster."""
-    missing = set()
+    targeted broker faults a cluster, a recreated source topic the Kafka source (``source``)."""
+    missing = set() if source else set(SOURCE_KINDS)
     if sentinel_of(redis_topology()) is None:
         missing.add("redis-failover")
     if len(kafka_cluster()) < 3:
@@ -80,6 +82,7 @@ class FaultSchedule(threading.Thread):
         seed: int,
         takeover_s: float,
         on_fault: Callable[[str], None] = lambda _note: None,
+        source: SourceTopic | None = None,
     ) -> None:
         super().__init__(name="faults", daemon=True)
         unknown = set(kinds) - set(KINDS)
@@ -91,6 +94,9 @@ class FaultSchedule(threading.Thread):
         self.rng = random.Random(seed)
         self.takeover_s = takeover_s
         self.on_fault = on_fault
+        self.source = source
+        if source is None and set(kinds) & set(SOURCE_KINDS):
+            raise ValueError(f"{', '.join(SOURCE_KINDS)} need the Kafka source (onceflow verify --source)")
         self.injected: Counter[str] = Counter()
         self.error: BaseException | None = None
         self._halt = threading.Event()
@@ -132,7 +138,7 @@ class FaultSchedule(threading.Thread):
     def _inject(self, kind: str) -> str:
         started = time.monotonic()
         if kind == "kill9":
-            name = self.rng.choice(SERVICES)
+            name = self.rng.choice(self.supervisor.services)
             self.supervisor.kill9(name)
             return f"kill -9 {name}"
         if kind == "crash_in_txn":
@@ -143,6 +149,12 @@ class FaultSchedule(threading.Thread):
             name = self.rng.choice(ZOMBIE_SERVICES)
             outcome = self.supervisor.zombie(name, self.takeover_s)
             return f"zombie {name}: replaced, resumed, exited {outcome.exit_code} ({time.monotonic() - started:.0f} s)"
+        if kind == "clock-skew":
+            # Ingest's host clock 10 min to 2 h off, either way: the ingest_time it writes, and
+            # the gate's horizon if that followed writers' clocks (docs/decisions/0022).
+            skew_ms = self.rng.choice((-1, 1)) * self.rng.randint(10 * 60_000, 2 * 3_600_000)
+            self.supervisor.skew_clock("ingest", skew_ms)
+            return f"ingest restarted on a clock {skew_ms / 60_000:+.0f} min off"
         if kind == "broker":
             self._hard_broker = not self._hard_broker
             nodes = kafka_cluster()
@@ -154,6 +166,9 @@ class FaultSchedule(threading.Thread):
             else:
                 node.restart(hard=self._hard_broker)
             return f"{node.name} restart ({how}, {time.monotonic() - started:.0f} s)"
+        if kind == "recreate-source-topic":
+            assert self.source is not None  # checked in __init__
+            return self.source.recreate()
         if kind in CLUSTER_KINDS:
             return kafka_faults.inject(kind, self.rng, self.supervisor.prefix)
         if kind in SPARK_KINDS:

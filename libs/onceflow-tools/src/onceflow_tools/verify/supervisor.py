@@ -1,4 +1,4 @@
-"""The pipeline's five services as a supervisor keeps them: each runs as one instance, a service
+"""The pipeline's five services (six with the Kafka source, ``onceflow verify --source``) as a supervisor keeps them: each runs as one instance, a service
 that exits is started again, and the faults ``onceflow verify`` injects are done to them here.
 
 A zombie is made the way it happens in production: the instance is paused (SIGSTOP), its
@@ -14,6 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from onceflow.faults import CLOCK_SKEW_ENV
 from onceflow.faults import ENV as FAULT_ENV
 from onceflow_tools.process import ServiceProcess, free_port, pipeline_service
 
@@ -21,6 +22,9 @@ log = logging.getLogger(__name__)
 
 # Start order: ingest last, once everything downstream of it serves.
 SERVICES = ("acker", "dedup", "compute", "sink", "ingest")
+# With the Kafka source (``onceflow verify --source``): it writes into ingest.records as ingest
+# does, and ingest still runs (its replayer replays the source's timed-out trees).
+WITH_SOURCE = (*SERVICES, "source")
 # Clients reach ingest on one address, so its replacement cannot take a new one: ingest is
 # killed, not zombied (its transactional.id fencing is the same code as everyone's).
 ZOMBIE_SERVICES = ("acker", "dedup", "compute", "sink")
@@ -51,7 +55,11 @@ class Supervisor:
     zombies: list[ZombieOutcome] = field(default_factory=list)
     _starts: Counter[str] = field(default_factory=Counter)
     _armed: set[str] = field(default_factory=set)  # restarted to crash at a fault point
+    # Services whose host clock is off by this many ms, from the clock-skew fault on: every later
+    # start of theirs keeps it, as a host's wrong clock survives a process restart.
+    clock_skews: dict[str, int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    services: tuple[str, ...] = SERVICES  # WITH_SOURCE: the source too
 
     def _new(self, name: str, address: str) -> ServiceProcess:
         self._starts[name] += 1
@@ -60,12 +68,14 @@ class Supervisor:
             **self.settings.get(name, {}),
         )
         process.env.update(self.env)
+        if name in self.clock_skews:
+            process.env[CLOCK_SKEW_ENV] = str(self.clock_skews[name])
         return process
 
     def start_all(self, timeout_s: float = 180.0) -> None:
         # All at once, then wait for each: the services meet only through Kafka, so none needs
         # another up to start, and their starts (Spark's above all) overlap.
-        for name in SERVICES:
+        for name in self.services:
             address = f"127.0.0.1:{free_port()}"
             self.instances[name] = Instance(self._new(name, address).start(), address)
         for instance in self.instances.values():
@@ -90,6 +100,12 @@ class Supervisor:
                 instance.process.env[FAULT_ENV] = fault
                 self._armed.add(name)
             instance.process.start()
+
+    def skew_clock(self, name: str, skew_ms: int) -> None:
+        """Restart ``name`` (kill -9, on the same address) on a host clock ``skew_ms`` off, and
+        keep it so for its later starts."""
+        self.clock_skews[name] = skew_ms
+        self.kill9(name)
 
     def zombie(self, name: str, takeover_s: float, timeout_s: float = 180.0, resume_wait_s: float = 20.0) -> ZombieOutcome:
         """Pause ``name``, let a replacement take over, resume the paused one and wait for it to
@@ -152,7 +168,7 @@ class Supervisor:
     def stop_all(self) -> dict[str, int | None]:
         """SIGTERM in reverse start order (ingest first); the exit code of each."""
         codes: dict[str, int | None] = {}
-        for name in reversed(SERVICES):
+        for name in reversed(self.services):
             instance = self.instances.get(name)
             if instance is None:
                 continue
