@@ -6,14 +6,16 @@ broker and Redis:
   replay of them would be counted twice (docs/decisions/0022);
 - a stalled gate and a caller waiting for PROCESSED: an answer of ABORTED made the caller send
   the record again as new while the original was still on its way;
-- ingest hosts whose clocks are an hour or two off: the horizon followed their clocks, so a slow
-  host's records passed unremembered and a fast host's one record made the gate forget the rest.
+- ingest and source hosts whose clocks are two hours off: the horizon followed their clocks, so a
+  slow host's records passed unremembered and a fast host's one record made the gate forget the
+  rest.
 
 Each judges a drained pipeline: the result table against a plain fold, or every record_id once
 in dedup.records."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -21,12 +23,15 @@ from pathlib import Path
 
 import grpc
 import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from onceflow.codec import decode_envelope
 from onceflow.config import CommonSettings
-from onceflow.faults import ALLOW_ENV, CLOCK_SKEW_ENV
+from onceflow.faults import CLOCK_SKEW_ENV
+from onceflow.kafka.clients import plain_config
 from onceflow.kafka.inspect import consumed_everything, read_committed
-from onceflow.topology import DEDUP, Topic
+from onceflow.topology import DEDUP, SOURCE, Topic
 from onceflow.v1 import dedup_pb2, dedup_pb2_grpc, ingest_pb2, ingest_pb2_grpc
 from onceflow.v1.acker_pb2 import TreeEvent
 from onceflow.v1.envelope_pb2 import DeadLetter
@@ -166,10 +171,11 @@ def test_a_stalled_gate_never_makes_ingest_answer_aborted_for_a_record_that_will
 # -- clocks an hour or two off ----------------------------------------------------------------
 
 
-def test_ingest_hosts_with_skewed_clocks_cannot_move_the_horizon(pipeline: Pipeline) -> None:
-    """Three ingest instances on one gate: one on time, one two hours slow, one two hours fast.
-    A slow host's records and their retries, and every record sent again after the fast host's
-    one record, must each pass the gate once."""
+def test_hosts_with_skewed_clocks_cannot_move_the_horizon(pipeline: Pipeline) -> None:
+    """Three ingest instances and a Kafka source on one gate: ingest on time, one two hours
+    slow, one two hours fast, and a source two hours slow. A slow host's records and their
+    copies, and every record sent again after the fast host's one record, must each pass the
+    gate once."""
     gate_address = f"127.0.0.1:{free_port()}"
     gate = pipeline.process(
         "dedup", "onceflow_dedup", ONCEFLOW_DEDUP_PORT=gate_address.rsplit(":", 1)[1], ONCEFLOW_DEDUP_METRICS_PORT="0",
@@ -181,8 +187,25 @@ def test_ingest_hosts_with_skewed_clocks_cannot_move_the_horizon(pipeline: Pipel
         ingests[name] = address
         pipeline.process(
             f"ingest-{name}", "onceflow_ingest", ONCEFLOW_INGEST_PORT=address.rsplit(":", 1)[1], ONCEFLOW_INGEST_METRICS_PORT="0",
-            ONCEFLOW_INGEST_INSTANCE=name, ONCEFLOW_INGEST_ACKING="false", **{CLOCK_SKEW_ENV: str(skew_ms), ALLOW_ENV: "1"},
+            ONCEFLOW_INGEST_INSTANCE=name, ONCEFLOW_INGEST_ACKING="false", **{CLOCK_SKEW_ENV: str(skew_ms)},
         ).start().wait_healthy(address)
+    # The source's records are copies of one another by their "id" field: each is in the topic twice.
+    common = pipeline.common
+    topic = pipeline.topic("user.orders")
+    admin = AdminClient(plain_config(common.kafka_bootstrap))  # kept alive until its future completes
+    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
+    sourced = [KeyedRecord(f"sourced:{i}", f"u{i % 4}", i + 1) for i in range(20)]
+    producer = Producer(plain_config(common.kafka_bootstrap))
+    for copy in range(2):
+        for r in sourced:
+            producer.produce(topic, json.dumps({"id": r.record_id, "user": r.user, "amount": r.amount}), r.user)
+        producer.flush(30)
+    source_address = f"127.0.0.1:{free_port()}"
+    pipeline.process(
+        "source-slow", "onceflow_source", ONCEFLOW_SOURCE_PORT=source_address.rsplit(":", 1)[1],
+        ONCEFLOW_SOURCE_METRICS_PORT="0", ONCEFLOW_SOURCE_TOPIC=topic, ONCEFLOW_SOURCE_ID_FIELD="id",
+        ONCEFLOW_SOURCE_ACKING="false", **{CLOCK_SKEW_ENV: str(-2 * HOUR_MS)},
+    ).start().wait_healthy(source_address)
     gate.wait_healthy(gate_address)
 
     on_time = list(usersum.records(20, users=4, id_prefix="on-time"))
@@ -190,16 +213,17 @@ def test_ingest_hosts_with_skewed_clocks_cannot_move_the_horizon(pipeline: Pipel
     send(ingests["on-time"], on_time)
     send(ingests["slow"], slow)
     send(ingests["slow"], slow)  # a retry: the slow host's first copies must be remembered
+    eventually(lambda: consumed_everything(common, SOURCE.group_id(common.topic_prefix, job=topic), topic), 90,
+               "the slow source to copy its topic")
     send(ingests["fast"], [KeyedRecord("fast:0", "u0", 1)])
     send(ingests["on-time"], on_time)  # copies after the fast host's record: not forgotten
-    common = pipeline.common
     eventually(
         lambda: consumed_everything(common, DEDUP.group_id(common.topic_prefix), pipeline.topic(Topic.INGEST_RECORDS)),
         90, "the gate to read ingest.records to the end",
     )
 
     passed = Counter(decode_envelope(r.value).record_id for r in read_committed(common, pipeline.topic(Topic.DEDUP_RECORDS)))
-    assert passed == Counter({r.record_id: 1 for r in on_time + slow} | {"fast:0": 1})
+    assert passed == Counter({r.record_id: 1 for r in on_time + slow + sourced} | {"fast:0": 1})
     stats = gate_stats(gate_address)
     assert stats.expired_ids == 0
     # Measured, though obeyed by nothing: two hours each way.

@@ -51,11 +51,13 @@ class SourceSettings(BaseSettings):
     )
     acking: bool = Field(
         default=True,
-        description="Start each record's tuple tree as ingest does: its INIT goes to the acker with the record, and "
-        "ingest's replayer replays a tree that times out; `false` when the pipeline runs without acking.",
+        description="Start each record's tuple tree as ingest does: its INIT goes to the acker with the record, so "
+        "the acker tracks it; `false` when the pipeline runs without acking.",
     )
     tree_timeout_ms: int = Field(
-        default=30_000, ge=100, description="A tree not fully acked within this is TIMED_OUT and replayed."
+        default=30_000, ge=100,
+        description="A tree not fully acked within this is TIMED_OUT (replayed only if ingest runs with "
+        "`ONCEFLOW_INGEST_REPLAY`).",
     )
     max_payload_bytes: int = Field(
         default=256 * 1024,
