@@ -39,12 +39,15 @@ def verify(
     rate: int = typer.Option(300, help="Records per second the clients offer."),
     records: int = typer.Option(0, help="Records to send (default: rate × duration)."),
     faults: str = typer.Option(
-        "", help=f"Fault kinds, comma-separated: {', '.join(KINDS)}. Default: every kind the stack can take (redis-failover needs --redis sentinel, the targeted broker faults --brokers 3, the Spark faults --spark standalone)."
+        "", help=f"Fault kinds, comma-separated: {', '.join(KINDS)}. Default: every kind the stack can take (redis-failover needs --redis sentinel, the targeted broker faults --brokers 3, the Spark faults --spark standalone, recreate-source-topic --source)."
     ),
     fault_every: float = typer.Option(10.0, help="Seconds between faults."),
-    resend_ratio: float = typer.Option(0.05, help="Share of batches a client sends twice (client retries)."),
+    resend_ratio: float = typer.Option(0.05, help="Share of batches a client sends twice (client retries). Not with --source."),
     late_resends: bool = typer.Option(
-        True, help="Send earlier batches again after each fault and at the end (what exposes a dedup id Redis lost). Off, nothing re-delivers what a broken build lost."
+        True, help="Send earlier batches again after each fault and at the end (what exposes a dedup id Redis lost). Off, nothing re-delivers what a broken build lost. Not with --source."
+    ),
+    source: bool = typer.Option(
+        False, "--source", help="Feed the workload through the Kafka source instead of ingest's clients: produced once each (an idempotent producer) into the run's topic <prefix>user.orders, copied by the source service (a sixth service, under its default kafka://... record ids); the checker expects every record produced. Enables the recreate-source-topic fault. No client re-sends or late re-sends: a record produced again is a new record."
     ),
     clients: int = typer.Option(4, help="Concurrent clients."),
     seed: int = typer.Option(1, help="Seed of the workload and of the fault schedule."),
@@ -80,14 +83,14 @@ def verify(
             records=records, rate=rate, duration_s=parse_duration(duration),
             faults=tuple(f.strip() for f in faults.split(",") if f.strip()), fault_every_s=fault_every,
             resend_ratio=resend_ratio, late_resends=late_resends, clients=clients, seed=seed, settle_s=settle, sabotage=sabotage, keep=keep,
-            workload=workload, users=users,
+            workload=workload, users=users, source=source,
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     console.rule(
         f"[bold]onceflow verify[/]: {options.workload}, {options.records:,} records at {options.rate:,}/s, "
-        f"faults {', '.join(options.faults)}"
+        f"faults {', '.join(options.faults)}{', through the Kafka source' if options.source else ''}"
     )
     view: PipelineView | None = None
     printed = 0
@@ -117,20 +120,20 @@ def verify(
             raise typer.Exit(2) from None
     if view is not None:
         view.close()
-    _report(console, verdict)
+    _report(console, verdict, source=options.source)
     if json_out:
         print(json.dumps(verdict.to_json(), indent=2))
     if not verdict.ok:
         raise typer.Exit(1)
 
 
-def _report(console: Console, verdict: Verdict) -> None:
+def _report(console: Console, verdict: Verdict, source: bool = False) -> None:
     def count(n: int) -> str:
         return "[green]0[/]" if n == 0 else f"[red]{n:,}[/]"
 
     table = Table(title="exactly-once verdict", show_header=False)
     for name, value in [
-        ("records generated (all accepted by ingest)", f"{verdict.records:,}"),
+        ("records produced into the source topic (each once)" if source else "records generated (all accepted by ingest)", f"{verdict.records:,}"),
         ("distinct record_ids through the gate", f"{verdict.distinct:,}"),
         ("faults injected", ", ".join(f"{k} {v}" for k, v in verdict.faults_injected.items())),
         ("zombies' exit codes", ", ".join(map(str, verdict.zombie_exits)) or "-"),

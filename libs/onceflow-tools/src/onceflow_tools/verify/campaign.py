@@ -6,6 +6,10 @@ Two workloads, each with a job whose every row shows a lost or doubled record:
   auction, so every bid must count exactly once in its auction's row in Redis;
 - ``keyed-count`` (``{"user", "amount"}`` keyed by user), job ``usersum``: count, total and
   extremes per user.
+
+With ``source`` (``onceflow verify --source``) the workload enters through the Kafka source
+instead: produced once each into a user topic of the run, copied by the source service under its
+default record ids (``source_mode``); the checker then expects those ids.
 """
 
 from __future__ import annotations
@@ -30,9 +34,10 @@ from onceflow_tools.infra.topics import delete_topics, ensure_topics
 from onceflow_tools.verify import spark_faults
 from onceflow_tools.verify.check import Verdict, check, undrained
 from onceflow_tools.verify.kafka_faults import CLUSTER_KINDS
-from onceflow_tools.verify.schedule import KINDS, FaultSchedule, available_kinds
+from onceflow_tools.verify.schedule import KINDS, SOURCE_KINDS, FaultSchedule, available_kinds
+from onceflow_tools.verify.source_mode import SourceTopic
 from onceflow_tools.verify.spark_faults import SPARK_KINDS
-from onceflow_tools.verify.supervisor import Supervisor
+from onceflow_tools.verify.supervisor import SERVICES, WITH_SOURCE, Supervisor
 from onceflow_tools.workloads import auctionbids, nexmark, usersum
 from onceflow_tools.workloads.senders import Senders
 
@@ -69,8 +74,14 @@ class CampaignOptions:
     keep: bool = False
     workload: str = "nexmark"
     users: int = 1_000  # keyed-count: distinct keys
+    # The workload produced into a user topic and copied in by the Kafka source (source_mode);
+    # re-sends do not exist there (the same payload produced again is a new record), so
+    # resend_ratio and late_resends are off.
+    source: bool = False
 
     def __post_init__(self) -> None:
+        if self.source:
+            self.resend_ratio, self.late_resends = 0.0, False
         if not self.records:
             self.records = int(self.rate * self.duration_s)
         if self.records < 1 or self.rate < 1 or self.clients < 1 or self.batch < 1 or self.fault_every_s <= 0:
@@ -78,7 +89,10 @@ class CampaignOptions:
         if not 0.0 <= self.resend_ratio <= 1.0:
             raise ValueError(f"resend ratio must be in [0, 1], got {self.resend_ratio}")
         if not self.faults:
-            self.faults = available_kinds()
+            self.faults = available_kinds(source=self.source)
+        needs_source = sorted(set(self.faults) & set(SOURCE_KINDS)) if not self.source else []
+        if needs_source:
+            raise ValueError(f"{', '.join(needs_source)} needs the Kafka source: --source")
         if "redis-failover" in self.faults and "redis-failover" not in available_kinds():
             raise ValueError(
                 "redis-failover needs the Sentinel topology: ONCEFLOW_REDIS_TOPOLOGY=sentinel and "
@@ -172,14 +186,25 @@ def run(options: CampaignOptions, on_progress: Callable[[Progress], None] = lamb
     if spark_faults.available():
         compute_settings |= spark_faults.compute_settings()
         note(f"compute on the Spark cluster at {compute_settings['SPARK_MASTER']}")
-    supervisor = Supervisor(prefix, log_dir, settings={"compute": compute_settings}, env=env)
+    settings = {"compute": compute_settings}
+    source = None
+    if options.source:
+        # Before the source starts: it refuses a topic that does not exist.
+        source = SourceTopic(common, load.records, options.rate)
+        # No ID_FIELD: the default record ids, kafka://<cluster id>/<topic>/<topic id>/<partition>/<offset>.
+        settings["source"] = {"TOPIC": source.name, "ID_FIELD": ""}
+        note(f"the workload goes through the Kafka source: produced into {source.name}, copied by a sixth service; "
+             "no client re-sends or late re-sends (a record produced again is a new record)")
+    supervisor = Supervisor(prefix, log_dir, settings=settings, env=env, services=WITH_SOURCE if source else SERVICES)
     try:
         progress.phase = "starting services"
         on_progress(progress)
         supervisor.start_all()
-        return _campaign(options, load, common, supervisor, progress, note, on_progress)
+        return _campaign(options, load, common, supervisor, progress, note, on_progress, source)
     finally:
         supervisor.stop_all()
+        if source is not None:
+            source.close()
         if not options.keep:
             delete_topics(common.kafka_bootstrap, prefix=prefix)
             delete_prefix(connect(common.redis_url), prefix)
@@ -230,9 +255,9 @@ def _campaign(
     progress: Progress,
     note: Callable[[str], None],
     on_progress: Callable[[Progress], None],
+    source: SourceTopic | None = None,
 ) -> Verdict:
     records = load.records
-    expected = {r.record_id.decode() for r in records}
 
     def refresh() -> None:
         for name in supervisor.restart_exited():
@@ -240,9 +265,13 @@ def _campaign(
         progress.addresses = {name: instance.address for name, instance in supervisor.instances.items()}
         on_progress(progress)
 
+    # The input: clients through ingest, or (--source) a producer into the user topic. Only one
+    # of them sends; the other is never started.
     senders = Senders(
         supervisor.address("ingest"), records, options.batch, options.clients, options.resend_ratio, options.seed, options.rate
     )
+    sending: Senders | SourceTopic = source or senders
+
     def after_fault(text: str) -> None:
         note(text)
         if options.late_resends:
@@ -250,7 +279,7 @@ def _campaign(
 
     schedule = FaultSchedule(
         supervisor, options.faults, options.fault_every_s, options.seed, takeover_s=SESSION_TIMEOUT_MS / 1000 + 2,
-        on_fault=after_fault,
+        on_fault=after_fault, source=source,
     )
     # The reference answer depends on the workload alone: Spark computes it while the clients
     # send, instead of after them (a Spark start and job, 30-60 s on a busy 2-core machine).
@@ -258,13 +287,13 @@ def _campaign(
     batch_answer = reference.submit(_batch_answer, load, note)
     reference.shutdown(wait=False)
     progress.phase = "sending, with faults"
-    senders.start()
+    sending.start()
     schedule.start()
-    while senders.running():
-        progress.sent = senders.acknowledged
+    while sending.running():
+        progress.sent = sending.acknowledged
         refresh()
         time.sleep(0.5)
-    progress.sent = senders.acknowledged
+    progress.sent = sending.acknowledged
     schedule.stop()
     progress.phase = "letting the last fault finish"
     while schedule.is_alive():
@@ -275,15 +304,25 @@ def _campaign(
     if options.late_resends:
         senders.resend_earlier(LATE_BATCHES_AT_END)
     senders.join_late()
-    if senders.error is not None:
-        raise RuntimeError(f"a client gave up: {senders.error}")
+    if sending.error is not None:
+        raise RuntimeError(f"{'the producer into the source topic' if source else 'a client'} gave up: {sending.error}")
     if schedule.error is not None:
         raise RuntimeError(f"the fault schedule failed: {schedule.error}")
     injected = dict(schedule.injected)
-    injected["client_resends"] = len(senders.sent_again)
-    injected["client_transport_retries"] = senders.retries
-    injected["client_late_resends"] = senders.late_resends
+    if source is None:
+        injected["client_resends"] = len(senders.sent_again)
+        injected["client_transport_retries"] = senders.retries
+        injected["client_late_resends"] = senders.late_resends
+    else:
+        injected["source_restarts_after_recreate"] = source.restarts_after_recreate
     note(f"faults injected: {injected}")
+    # What the checker expects: the generator's record_ids, or every record produced into the
+    # source topic (each once), under the id the source must give it.
+    expected = source.expected_ids() if source else {r.record_id.decode() for r in records}
+
+    def in_flight() -> list[str]:
+        """What is not yet through: the source's copying (--source), then the pipeline."""
+        return (source.behind() if source else []) or undrained(common, job)
 
     progress.phase = "computing the batch answer (Spark)"
     on_progress(progress)
@@ -297,16 +336,16 @@ def _campaign(
     # Until the table matches, or the pipeline drained without it: then nothing is in flight
     # that could still change a row, and waiting out the settle time would only delay a fail.
     rows = _sink_rows(
-        load, supervisor, refresh, until=lambda rows: rows == batch_rows or not undrained(common, job), deadline=deadline,
+        load, supervisor, refresh, until=lambda rows: rows == batch_rows or not in_flight(), deadline=deadline,
     )
     # An early match proves little while copies are still in flight: judge a drained pipeline.
     progress.phase = "waiting for every consumer to read to the end"
     on_progress(progress)
-    behind = undrained(common, job)
+    behind = in_flight()
     while behind and time.monotonic() < deadline:
         refresh()
         time.sleep(2.0)
-        behind = undrained(common, job)
+        behind = in_flight()
     if behind:
         note(f"not drained within the settle time: {behind}")
         for path in supervisor.dump_stacks():

@@ -17,7 +17,9 @@ KRaft controller), each restarted at once, ``broker-pause`` (SIGSTOP for 20-40 s
 (a snapshot of every key of the run, and a few seconds later all of them put back to it
 atomically, as a failover to a lagging replica does) and ``redis-flush`` (every key of the run
 gone), and with the Sentinel topology ``redis-failover`` (kill -9 of the primary, Sentinel
-promotes the replica, the old primary rejoins as a replica). After each fault the campaign re-sends batches from before it (``on_fault``), so a lost
+promotes the replica, the old primary rejoins as a replica); with the Kafka source
+(``onceflow verify --source``) ``recreate-source-topic`` (the user topic deleted and created
+again under its name once the source copied it, ``source_mode.SourceTopic.recreate``). After each fault the campaign re-sends batches from before it (``on_fault``), so a lost
 dedup id shows. Client retries are not scheduled: the clients re-send a share of their batches
 all along."""
 
@@ -168,7 +170,7 @@ class FaultSchedule(threading.Thread):
             return f"{node.name} restart ({how}, {time.monotonic() - started:.0f} s)"
         if kind == "recreate-source-topic":
             assert self.source is not None  # checked in __init__
-            return self.source.recreate()
+            return self.source.recreate(lambda: self.supervisor.kill9("source"))
         if kind in CLUSTER_KINDS:
             return kafka_faults.inject(kind, self.rng, self.supervisor.prefix)
         if kind in SPARK_KINDS:
