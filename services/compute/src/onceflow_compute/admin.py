@@ -15,6 +15,7 @@ from onceflow.v1 import compute_pb2, compute_pb2_grpc
 from onceflow_compute import jobs
 from onceflow_compute.api import Aggregation, Job, Join, Transform
 from onceflow_compute.dataflow.windows import Window
+from onceflow_compute.lifecycle import fingerprint_key
 from onceflow_compute.results import state_key
 from onceflow_compute.stats import JobCounts
 from onceflow_compute.dataflow.watermarks import WatermarkTracker
@@ -33,6 +34,11 @@ def job_info(job: Job, running: bool) -> compute_pb2.JobInfo:
 
 def _schema_text(schema: pa.Schema) -> str:
     return ", ".join(f"{f.name}: {f.type}{'' if f.nullable else ' not null'}" for f in schema)
+
+
+def state_keys(job: Job, store: MemoryStore) -> int:
+    """A store's entries but the reserved fingerprint key (lifecycle.py)."""
+    return len(store) - (store.get(fingerprint_key(job.name)) is not None)
 
 
 class ComputeAdminServicer(compute_pb2_grpc.ComputeAdminServicer):
@@ -113,7 +119,7 @@ class ComputeAdminServicer(compute_pb2_grpc.ComputeAdminServicer):
         ]
         keys = 0
         if self._stores is not None:
-            keys = sum(len(store) for _p, store in self._stores.items())
+            keys = sum(state_keys(self._job, store) for _p, store in self._stores.items())
         return compute_pb2.ComputeStatsReply(
             job=self._job.name,
             engine=self._engine,

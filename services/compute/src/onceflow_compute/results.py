@@ -13,6 +13,11 @@ def state_key(job: str, key: str) -> bytes:
     return f"{job}\x00{key}".encode()
 
 
-def result_change(job: str, key: str, op: ResultChange.Op, row: dict[str, JSONValue], anchor: Anchor | None = None) -> bytes:
-    """``anchor``: the trees behind the change, which the sink acks once it is in Redis."""
-    return ResultChange(job=job, key=key, op=op, value=encode_json(row), anchor=anchor).SerializeToString()
+def result_change(
+    job: str, key: str, op: ResultChange.Op, row: dict[str, JSONValue], anchor: Anchor | None = None, fingerprint: str = ""
+) -> bytes:
+    """``anchor``: the trees behind the change, which the sink acks once it is in Redis;
+    ``fingerprint``: the job's state fingerprint, which the sink keeps in the table's meta."""
+    return ResultChange(
+        job=job, key=key, op=op, value=encode_json(row), anchor=anchor, fingerprint=fingerprint
+    ).SerializeToString()

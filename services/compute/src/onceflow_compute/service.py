@@ -6,25 +6,28 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 
 from confluent_kafka import KafkaException
 
+from onceflow import metrics
 from onceflow.admin import ServiceServer
+from onceflow.admin.server import StatusSnapshot
 from onceflow.admin.loop_controls import LoopControls
 from onceflow.codec import now_ms
 from onceflow.config import CommonSettings
 from onceflow.kafka import inspect
 from onceflow.kafka.topics import ensure_topics, job_specs
-from onceflow.runner import run_loop_service
+from onceflow.runner import on_stop_signals, run_loop_service
 from onceflow.state.store import MemoryStore
 from onceflow.state.stores import Changelog
 from onceflow.topology import Topic, job_topic
 from onceflow.txn import TransactionalLoop
 from onceflow.v1 import compute_pb2, compute_pb2_grpc
 
-from onceflow_compute import jobs, stats
-from onceflow_compute.admin import ComputeAdminServicer
+from onceflow_compute import jobs, lifecycle, stats
+from onceflow_compute.admin import ComputeAdminServicer, state_keys
 from onceflow_compute.api import Aggregation, Job, Join, Transform
 from onceflow_compute.config import ComputeSettings, EngineName
 from onceflow_compute.dataflow.watermarks import WatermarkTracker
@@ -32,6 +35,8 @@ from onceflow_compute.engine import Engine
 from onceflow_compute.engine.pandas_engine import PandasEngine
 from onceflow_compute.engine.shipping import modules_to_ship
 from onceflow_compute.engine.spark import spark_engine
+from onceflow_compute.fingerprint import Decision
+from onceflow_compute.lifecycle import StateCheck
 from onceflow_compute.map.eventtime import EventTimeGate
 from onceflow_compute.map.stage import MapStage
 from onceflow_compute.merge.aggregation import MergeStage
@@ -78,9 +83,66 @@ def ensure_job_topics(common: CommonSettings, job: str) -> None:
         return
 
 
-def build(settings: ComputeSettings) -> tuple[list[TransactionalLoop[MemoryStore]], ServiceServer, Engine]:
+def check_job_state(settings: ComputeSettings, job: Job) -> StateCheck | None:
+    """Before anything is consumed: does the job's stored state fit the loaded job
+    (docs/decisions/0023)? None for a transform (no state)."""
+    if isinstance(job, Transform):
+        return None
+    check = lifecycle.check_state(settings.common, job)
+    if check.refused:
+        log.error("%s", check.reason())
+    elif check.verdict.decision is Decision.CARRY_OVER:
+        log.warning(
+            "job %s: state written under another fingerprint carries over by name to %s (%s)",
+            job.name, check.loaded, "; ".join(check.verdict.differences),
+        )
+    if check.unfingerprinted:
+        log.warning(
+            "job %s: partitions %s hold state written before fingerprints: taken as %s once, and it is written with them",
+            job.name, list(check.unfingerprinted), check.loaded,
+        )
+    return check
+
+
+class RefusedControls:
+    """Admin for a worker that refused its job's state: Status says why, nothing runs."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def status(self) -> StatusSnapshot:
+        return StatusSnapshot(state="REFUSED", last_error=self.reason)
+
+    def pause(self) -> str:
+        return "REFUSED"
+
+    def resume(self) -> str:
+        return "REFUSED"
+
+    def drain(self, timeout_s: float) -> tuple[str, bool]:
+        return "REFUSED", True
+
+
+def serve_refusal(settings: ComputeSettings, reason: str) -> int:
+    """Stay up, NOT_SERVING, with the reason in Admin Status, until stopped: no loop, no
+    engine, nothing consumed. Exiting instead would make a supervisor restart it in a loop."""
+    server = ServiceServer.for_service("compute", settings, RefusedControls(reason))
+    stopped = threading.Event()
+    on_stop_signals(stopped.set)
+    metrics.serve(settings.metrics_port, settings.host)
+    server.start()
+    server.set_serving(False)
+    stopped.wait()
+    log.info("stopped while refusing the job's state")
+    server.stop(1.0)
+    return 0
+
+
+def build(
+    settings: ComputeSettings, job: Job | None = None
+) -> tuple[list[TransactionalLoop[MemoryStore]], ServiceServer, Engine]:
     common = settings.common
-    job = jobs.load_job(settings.job)  # a bad job name fails here, before Spark starts
+    job = job or jobs.load_job(settings.job)  # a bad job name fails here, before Spark starts
     partials_topic = common.topic(job_topic(Topic.COMPUTE_PARTIALS, job.name))
     if not isinstance(job, Transform):
         ensure_job_topics(common, job.name)
@@ -147,7 +209,7 @@ def build(settings: ComputeSettings) -> tuple[list[TransactionalLoop[MemoryStore
     )
 
     def keys_in_state() -> int:
-        return 0 if stores is None else sum(len(store) for _p, store in stores.items())
+        return 0 if stores is None else sum(state_keys(job, store) for _p, store in stores.items())
 
     stats.BATCH_BOUND.labels(job.name).set_function(lambda: map_loop.stats.batch_bound)
     stats.KEYS.labels(job.name).set_function(keys_in_state)
@@ -176,7 +238,13 @@ def build(settings: ComputeSettings) -> tuple[list[TransactionalLoop[MemoryStore
 
 
 def run(settings: ComputeSettings) -> int:
-    loops, server, engine = build(settings)
+    job = jobs.load_job(settings.job)
+    if not isinstance(job, Transform):
+        ensure_job_topics(settings.common, job.name)
+    check = check_job_state(settings, job)
+    if check is not None and check.refused:
+        return serve_refusal(settings, check.reason())
+    loops, server, engine = build(settings, job)
     try:
         return run_loop_service(loops, server, settings.metrics_port, settings.host)
     finally:

@@ -16,6 +16,8 @@ Keys (docs/key-layouts.md); one hash tag for all, so one script may touch every 
 
 - ``onceflow:{<prefix>sink}:table:<job>``  HASH row key -> row value (what users read)
 - ``onceflow:{<prefix>sink}:partition:<p>`` HASH token, offset (last applied), rejected
+- ``onceflow:{<prefix>sink}:tablemeta:<job>`` HASH fingerprint (the job's state fingerprint of
+  the last change applied: docs/decisions/0023)
 """
 
 from __future__ import annotations
@@ -38,12 +40,13 @@ from onceflow.state.redis_store import (
 )
 from onceflow.v1.sink_pb2 import ScanPosition
 
-# KEYS: partition meta, table key prefix. ARGV: token, the offset expected in Redis ('' none;
-# '*' skips the check: the sabotaged build only), the new last offset ('' = only check), then
-# op, job, key, value quadruples (op "+" upsert, "-" retract).
+# KEYS: partition meta, table key prefix, table meta key prefix. ARGV: token, the offset expected
+# in Redis ('' none; '*' skips the check: the sabotaged build only), the new last offset ('' =
+# only check), the number n of job, fingerprint pairs that follow (each table's meta), then op,
+# job, key, value quadruples (op "+" upsert, "-" retract).
 # Returns {status, newest token, stored offset ('' none)}.
 _APPLY = """
-local meta, table_prefix = KEYS[1], KEYS[2]
+local meta, table_prefix, table_meta_prefix = KEYS[1], KEYS[2], KEYS[3]
 local mine = tonumber(ARGV[1])
 local newest = tonumber(redis.call('HGET', meta, 'token') or '0')
 local stored = redis.call('HGET', meta, 'offset') or ''
@@ -57,7 +60,11 @@ end
 if ARGV[3] == '' then
   return {'checked', newest, stored}
 end
-for i = 4, #ARGV, 4 do
+local metas = tonumber(ARGV[4])
+for i = 5, 4 + 2 * metas, 2 do
+  redis.call('HSET', table_meta_prefix .. ARGV[i], 'fingerprint', ARGV[i + 1])
+end
+for i = 5 + 2 * metas, #ARGV, 4 do
   local table_key = table_prefix .. ARGV[i + 1]
   if ARGV[i] == '+' then
     redis.call('HSET', table_key, ARGV[i + 2], ARGV[i + 3])
@@ -107,6 +114,7 @@ class Change:
     job: str
     key: str
     value: bytes = b""
+    fingerprint: str = ""  # the job's state fingerprint ("" from workers that predate them)
 
 
 class ResultTables:
@@ -136,10 +144,19 @@ class ResultTables:
     def apply(self, partition: int, token: int, applied: int, last_offset: int | None, changes: Iterable[Change]) -> Answer:
         """Apply changes up to ``last_offset`` if Redis holds exactly ``applied`` (-1: nothing);
         ``last_offset`` None only checks that."""
-        argv: list[str | bytes | int] = [token, expect(None if applied < 0 else applied), "" if last_offset is None else last_offset]
+        quads: list[str | bytes | int] = []
+        fingerprints: dict[str, str] = {}
         for change in changes:
-            argv += [change.op, change.job, change.key, change.value]
-        answer = self._run(self._apply, partition, [self.meta_key(partition), f"{self._base}:table:"], argv)
+            quads += [change.op, change.job, change.key, change.value]
+            if change.fingerprint:
+                fingerprints[change.job] = change.fingerprint
+        argv: list[str | bytes | int] = [
+            token, expect(None if applied < 0 else applied), "" if last_offset is None else last_offset, len(fingerprints),
+        ]
+        for job, fingerprint in fingerprints.items():
+            argv += [job, fingerprint]
+        keys = [self.meta_key(partition), f"{self._base}:table:", f"{self._base}:tablemeta:"]
+        answer = self._run(self._apply, partition, keys, argv + quads)
         if answer.outcome is Outcome.APPLIED:
             with unavailable_on_error(f"sink partition {partition}"):
                 wait_for_replicas(self._redis, *self._wait)
@@ -159,6 +176,11 @@ class ResultTables:
     def watch_identity(self) -> None:
         with unavailable_on_error("sink"):
             self.watch.changed()
+
+    def table_fingerprint(self, job: str) -> str:
+        """The state fingerprint of the job whose changes the table last took ("" if none said)."""
+        value = self._redis.hget(f"{self._base}:tablemeta:{job}", "fingerprint")
+        return "" if value is None else decode(value)
 
     def rejected(self, partition: int) -> int:
         return int(self._redis.hget(self.meta_key(partition), "rejected") or 0)

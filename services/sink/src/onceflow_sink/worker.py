@@ -199,7 +199,7 @@ class SinkWorker(ConsumerDriver):
                 if offset_of(record) >= own.letters_done:
                     letters.append((record, str(exc)))
                 continue
-            changes.append(Change(_OPS[change.op], change.job, change.key, change.value))
+            changes.append(Change(_OPS[change.op], change.job, change.key, change.value, change.fingerprint))
             if change.HasField("anchor") and offset_of(record) > own.replay_until:
                 anchors.append(change.anchor)
         if letters and not self._write_letters(partition, letters, last):

@@ -30,6 +30,7 @@ from onceflow_compute.api import Job, Join, Transform, encode_json
 from onceflow_compute.dataflow.watermarks import WatermarkTracker
 from onceflow_compute.engine import KEY, ROW, SIDE, TIME, Engine
 from onceflow_compute.engine.run import run_job, transform_rows
+from onceflow_compute.fingerprint import describe, fingerprint
 from onceflow_compute.frames import Frame, build_frame
 from onceflow_compute.map.eventtime import EventTimeGate
 from onceflow_compute.merge.partials import merge_partials
@@ -63,6 +64,8 @@ class MapStage:
         self._partials_topic = partials_topic
         self._results_topic = results_topic
         self.counts = counts
+        # The job's state fingerprint: the order its partials are in (merge/layout.py).
+        self._layout = fingerprint(describe(job))
 
     def process(self, batch: Batch[MemoryStore]) -> None:
         frame = build_frame(batch.records, self.job.schema)
@@ -129,7 +132,7 @@ class MapStage:
         if isinstance(job, Transform):
             emitted = 0
             for key, row in transform_rows(job, outputs):
-                value = result_change(job.name, key, ResultChange.UPSERT, row, batch.anchor())
+                value = result_change(job.name, key, ResultChange.UPSERT, row, batch.anchor(), self._layout)
                 batch.emit(self._results_topic, value, key=state_key(job.name, key))
                 emitted += 1
             return emitted
@@ -139,7 +142,8 @@ class MapStage:
         merged = merge_partials(job, outputs)
         for (key, bucket), partials in merged.items():
             aggregate = PartialAggregate(
-                job=job.name, key=key, partials=encode_json(partials), bucket_ms=bucket, anchor=batch.anchor()
+                job=job.name, key=key, partials=encode_json(partials), bucket_ms=bucket, anchor=batch.anchor(),
+                layout=self._layout,
             )
             # Keyed by the group key alone: all of a key's windows have one owner (sessions merge).
             batch.emit(self._partials_topic, aggregate.SerializeToString(), key=state_key(job.name, key))

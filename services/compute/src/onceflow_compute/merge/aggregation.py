@@ -17,7 +17,6 @@ from onceflow.v1.results_pb2 import ResultChange
 from onceflow_compute import stats
 from onceflow_compute.api import Aggregation, JSONValue, encode_json
 from onceflow_compute.merge.hop import MergeHop
-from onceflow_compute.merge.partials import decode_partials
 from onceflow_compute.results import state_key
 
 
@@ -31,6 +30,7 @@ class MergeStage(MergeHop):
         # Per (partition, key): the row as committed before this batch and the row now, so a key
         # gets one -old/+new per transaction however many partials of it the batch held.
         rows: dict[tuple[int, str], tuple[dict[str, JSONValue] | None, dict[str, JSONValue]]] = {}
+        self.layout.begin(batch)
         for record in batch.records:
             savepoint = batch.savepoint()
             try:
@@ -64,4 +64,4 @@ class MergeStage(MergeHop):
     def _decode(self, batch: Batch[MemoryStore], record: Message) -> tuple[str, list[JSONValue]]:
         partial = PartialAggregate.FromString(record.value() or b"")  # the job's own topic: its partials only
         self.consumed(batch, partial)
-        return partial.key, decode_partials(self.job, partial)
+        return partial.key, self.layout.partials(partial)

@@ -112,11 +112,13 @@ class KeyedEventTimeMerge(MergeHop, Generic[S]):
     # -- state ---------------------------------------------------------------------------
 
     def on_assign(self, partitions: list[int], stores: Mapping[int, MemoryStore]) -> None:
+        super().on_assign(partitions, stores)  # the fingerprint first: a carry-over remaps the stores
         self._stores.update(stores)
         for partition in partitions:
             self._load(partition)
 
     def on_revoke(self, partitions: list[int]) -> None:
+        super().on_revoke(partitions)
         for partition in partitions:
             self._stores.pop(partition, None)
             self.states.pop(partition, None)
@@ -146,6 +148,7 @@ class KeyedEventTimeMerge(MergeHop, Generic[S]):
     def process(self, batch: Batch[MemoryStore]) -> None:
         touched: dict[int, set[int]] = {}
         changes = 0
+        self.layout.begin(batch)
         for record in batch.records:
             partition = partition_of(record)
             reported = touched.setdefault(partition, set())

@@ -6,6 +6,7 @@ tuple trees on to the result changes (docs/decisions/0016), and counting them on
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 from onceflow.state.store import MemoryStore
 from onceflow.txn.batch import Batch
@@ -14,6 +15,7 @@ from onceflow.v1.results_pb2 import ResultChange
 
 from onceflow_compute import stats
 from onceflow_compute.api import Job, JSONValue
+from onceflow_compute.merge.layout import StateLayout
 from onceflow_compute.results import result_change, state_key
 
 log = logging.getLogger(__name__)
@@ -26,6 +28,14 @@ class MergeHop:
         self.job = job
         self.results_topic = results_topic
         self.counts = counts
+        # The state fingerprint: checked on assignment, written with the state (layout.py).
+        self.layout = StateLayout(job)
+
+    def on_assign(self, partitions: list[int], stores: Mapping[int, MemoryStore]) -> None:
+        self.layout.on_assign(partitions, stores)
+
+    def on_revoke(self, partitions: list[int]) -> None:
+        self.layout.on_revoke(partitions)
 
     @staticmethod
     def consumed(batch: Batch[MemoryStore], partial: PartialAggregate) -> None:
@@ -42,7 +52,7 @@ class MergeHop:
     def emit_change(self, batch: Batch[MemoryStore], result_key: str, op: ResultChange.Op, row: dict[str, JSONValue]) -> None:
         # Keyed by the result row: compute.results is compacted per row (the sink rebuilds a table
         # from it), and a row's changes stay in order on one results partition.
-        value = result_change(self.job.name, result_key, op, row, batch.anchor())
+        value = result_change(self.job.name, result_key, op, row, batch.anchor(), self.layout.fingerprint)
         batch.emit(self.results_topic, value, key=state_key(self.job.name, result_key))
 
     def count_after_commit(self, batch: Batch[MemoryStore], changes: int) -> None:

@@ -21,7 +21,6 @@ from onceflow_compute import stats
 from onceflow_compute.api import Aggregation, JSONValue, encode_json
 from onceflow_compute.dataflow.panes import Firing, WindowedAggregation
 from onceflow_compute.merge.event_time import KeyedEventTimeMerge
-from onceflow_compute.merge.partials import decode_partials
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +65,7 @@ class WindowedMergeStage(KeyedEventTimeMerge[WindowedAggregation]):
         self.count_after_commit(batch, changes)
 
     def take(self, partition: int, partial: PartialAggregate) -> None:
-        values = decode_partials(self.job, partial)
+        values = self.layout.partials(partial)
         encode_json(self.job.row(partial.key, values))  # a partial whose row cannot be built is poison
         engine = self.states[partition]
         if not engine.add(partial.key, partial.bucket_ms, values):
