@@ -10,12 +10,16 @@ cluster, or ``source.offsets`` for a topic on another cluster):
   longer the id the batch's records were mapped with, the topic was deleted (and maybe created
   again) since: the source exits for a restart before that transaction commits, and starts
   again under the new id. The records were consumed before the check, so a check that still
-  finds the old id proves they are the old topic's."""
+  finds the old id proves they are the old topic's;
+- while no batch comes (a recreated topic leaves every partition out of range, and
+  ``auto.offset.reset=error`` stops them), the id is read every ``IDLE_CHECK_S`` too, so a
+  running source restarts under the new id instead of waiting for a restart nobody asks for."""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -31,6 +35,7 @@ from onceflow_source.positions import PositionRefused, Resume, position_metadata
 
 log = logging.getLogger(__name__)
 _WATERMARK_TIMEOUT_S = 10.0
+IDLE_CHECK_S = 5.0
 
 
 class TopicRecreated(ConsumerStuck):
@@ -48,6 +53,7 @@ class IdentityIntake:
         self._metadata = position_metadata(origin.topic_id)
         self._said: set[tuple[int, int, str]] = set()  # (partition, stored, note) already logged
         self.stop = threading.Event()  # the loop's, once it is built
+        self._next_idle_check = time.monotonic() + IDLE_CHECK_S
 
     # -- Intake ----------------------------------------------------------------------------
 
@@ -61,9 +67,14 @@ class IdentityIntake:
 
     def observe(self, consumer: Consumer) -> None:
         self.inner.observe(consumer)
+        now = time.monotonic()
+        if now >= self._next_idle_check:
+            self._next_idle_check = now + IDLE_CHECK_S
+            self.check_topic_id()
 
     def send(self, producer: TransactionalProducer, consumer: Consumer, offsets: list[TopicPartition]) -> None:
         self.check_topic_id()
+        self._next_idle_check = time.monotonic() + IDLE_CHECK_S
         tagged = [TopicPartition(tp.topic, tp.partition, tp.offset, self._metadata) for tp in offsets]
         self.inner.send(producer, consumer, tagged)
 

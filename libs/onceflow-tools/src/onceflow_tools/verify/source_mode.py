@@ -269,12 +269,12 @@ class SourceTopic:
     def recreate(self, restart_source: Callable[[], None]) -> str:
         """The ``recreate-source-topic`` fault (module docstring). Then, if the running source
         has copied nothing of the new topic within ``NOTICE_WAIT_S`` while records are written
-        to it, it is restarted (``restart_source``, kill -9), and the note says so: a running
-        source whose position is past the new topic's end stops those partitions on librdkafka's
-        offset-out-of-range error (``auto.offset.reset=error``) and re-reads the topic's id only
-        at an assignment or a batch, so it waits there for a restart (the issue's scenario
-        restarts it too). The restart is counted in the verdict's ``faults_injected``
-        (``source_restarts_after_recreate``); what it copies afterwards is judged as usual."""
+        to it, it is restarted (``restart_source``, kill -9), and the note says so. A running
+        source notices by itself: its partitions stop on librdkafka's offset-out-of-range error
+        (``auto.offset.reset=error``), it re-reads the topic's id every few seconds while idle,
+        and exits for a restart under the new id, which the supervisor gives it. So a restart
+        here (counted in the verdict's ``faults_injected`` as ``source_restarts_after_recreate``)
+        means it did not; what it copies afterwards is judged as usual."""
         started = time.monotonic()
         self.writer.pause()
         try:
