@@ -40,12 +40,14 @@ class DedupSettings(BaseSettings):
     bucket_ms: int = Field(
         default=60_000,
         ge=1,
-        description="Ids are filed by ingest time in buckets this wide, one Bloom filter per bucket.",
+        description="Ids are filed by their record's log-append time on `ingest.records` (the broker's clock) in "
+        "buckets this wide, one Bloom filter per bucket.",
     )
     horizon_ms: int = Field(
         default=3_600_000,
         ge=1,
-        description="How long, in ingest time, ids are recognised: buckets past it are dropped.",
+        description="How long, on the broker's clock, ids are recognised: buckets past it are dropped. A replay whose "
+        "original is older is refused (`dedup.dlq`), never passed.",
     )
     expected_per_bucket: int = Field(
         default=100_000, ge=1, description="Filter sizing: records expected per bucket per partition."
