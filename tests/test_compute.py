@@ -35,6 +35,7 @@ from tests.harness.process import ServiceProcess
 
 from onceflow_compute.batch import run_batch, spark_engine
 from onceflow_compute.engine.spark import SparkEngine
+from onceflow_compute.lifecycle import fingerprint_key
 
 pytestmark = [pytest.mark.compute, pytest.mark.integration]
 
@@ -238,7 +239,9 @@ def test_two_jobs_side_by_side_each_restore_only_their_own_state(pipeline: Pipel
     workers["usercount"].wait_log(f"changelog records of {changelog} partitions", 120)
     for job in jobs:  # each changelog holds its own job's keys only
         keys = {r.key for r in checker.read_committed(pipeline.common, pipeline.topic(job_topic(Topic.COMPUTE_CHANGELOG, job)))}
-        assert keys and all(key.startswith(f"{job}\x00".encode()) for key in keys), (job, sorted(keys)[:3])
+        # Its keys and its state fingerprint (docs/decisions/0023), nothing of another job's.
+        own = {key for key in keys if key.startswith(f"{job}\x00".encode())}
+        assert own and keys - own == {fingerprint_key(job)}, (job, sorted(keys - own)[:3])
     # The restored store: exactly usercount's keys, one per user so far, none of usersum's.
     seen = {json.loads(i.payload)["user"] for i in inputs[:3_000] if i.valid}
     admin = compute_admin(f"127.0.0.1:{port}")
