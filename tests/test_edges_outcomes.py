@@ -15,6 +15,7 @@ in dedup.records."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections import Counter
@@ -24,18 +25,20 @@ from pathlib import Path
 import grpc
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
 from onceflow.codec import decode_envelope
 from onceflow.config import CommonSettings
 from onceflow.faults import CLOCK_SKEW_ENV
 from onceflow.kafka.clients import plain_config
 from onceflow.kafka.inspect import consumed_everything, read_committed
+from onceflow.kafka.topics import TIMESTAMP_TYPE
 from onceflow.topology import DEDUP, SOURCE, Topic
 from onceflow.v1 import dedup_pb2, dedup_pb2_grpc, ingest_pb2, ingest_pb2_grpc
 from onceflow.v1.acker_pb2 import TreeEvent
 from onceflow.v1.envelope_pb2 import DeadLetter
 from onceflow_client import IngestClient, RetryPolicy
+from onceflow_tools.infra.topics import delete_topics, ensure_topics, shared_specs
 from onceflow_tools.verify.check import undrained
 from onceflow_tools.verify.supervisor import Supervisor
 from onceflow_tools.workloads import usersum
@@ -228,3 +231,31 @@ def test_hosts_with_skewed_clocks_cannot_move_the_horizon(pipeline: Pipeline) ->
     assert stats.expired_ids == 0
     # Measured, though obeyed by nothing: two hours each way.
     assert stats.clock_behind_ms >= 2 * HOUR_MS - 60_000 and stats.clock_ahead_ms >= 2 * HOUR_MS - 60_000, stats
+
+
+# -- the migration: topics made before LogAppendTime -----------------------------------------
+
+
+def test_infra_topics_sets_log_append_time_on_topics_made_before(pipeline: Pipeline) -> None:
+    """A pipeline whose ingest.records and acker.acks were created stamped by their writers (as
+    before issue 46) gets the broker's clock on them from `onceflow infra topics` (ensure_topics),
+    idempotently; until then the gate falls back to ingest time with a warning."""
+    common = pipeline.common
+    prefix = f"{common.topic_prefix}old."
+    wanted = [s for s in shared_specs() if s.timestamp_type]
+    assert {s.name for s in wanted} == {Topic.INGEST_RECORDS, Topic.ACKER_ACKS}
+    ensure_topics(common.kafka_bootstrap, prefix=prefix, specs=[dataclasses.replace(s, timestamp_type=None) for s in wanted])
+    admin = AdminClient(plain_config(common.kafka_bootstrap))
+
+    def stamps() -> set[str]:
+        resources = [ConfigResource(ResourceType.TOPIC, prefix + s.name) for s in wanted]
+        return {f.result()[TIMESTAMP_TYPE].value for f in admin.describe_configs(resources, request_timeout=30).values()}
+
+    try:
+        assert stamps() == {"CreateTime"}
+        ensure_topics(common.kafka_bootstrap, prefix=prefix, specs=wanted)
+        assert stamps() == {"LogAppendTime"}
+        ensure_topics(common.kafka_bootstrap, prefix=prefix, specs=wanted)  # idempotent
+        assert stamps() == {"LogAppendTime"}
+    finally:
+        delete_topics(common.kafka_bootstrap, prefix=prefix)
