@@ -26,7 +26,8 @@ worth testing (see ``POINTS``).
 wrong (``onceflow.codec.now_ms``).
 
 Never set these outside tests: a service refuses to start with any test-only switch (a fault,
-a sabotage, a skewed clock, or ``ONCEFLOW_PROCESSING_GUARANTEE=at_least_once``) unless
+a sabotage, a skewed clock, or the processing guarantee ``at_least_once``, however it is spelled: the guard reads
+the parsed setting) unless
 ``ONCEFLOW_ALLOW_TEST_SWITCHES=1`` is set too (the test harness, ``onceflow verify`` and the
 bench set it). Every service logs the switches it runs with (``guard_switches``) and its Admin
 ``Status`` lists them (``test_switches``), so a leftover ``export`` in a shell cannot quietly
@@ -137,12 +138,53 @@ class SwitchesNotAllowed(RuntimeError):
     """A test-only switch is set without the explicit allow setting beside it."""
 
 
+# The processing guarantee of the settings this process runs with, once service_main has parsed
+# them. pydantic takes a setting under any case (`onceflow_processing_guarantee`) and inside a
+# group's JSON (`ONCEFLOW_DEDUP_COMMON='{"processing_guarantee": ...}'`), so the environment's
+# spelling cannot say which guarantee runs: only the parsed value can (issue 39).
+_parsed_guarantee: str | None = None
+
+
+def note_settings(processing_guarantee: str) -> None:
+    """Record the parsed ``common.processing_guarantee`` (service_main, before the service starts)
+    for the guard and for Status."""
+    global _parsed_guarantee
+    _parsed_guarantee = processing_guarantee
+
+
+def _guarantee() -> str:
+    if _parsed_guarantee is not None:
+        return _parsed_guarantee
+    # Not started through service_main (a test's in-process server): the common settings as
+    # pydantic reads them, which is every spelling but a service group's JSON; the producer
+    # itself refuses that one (`txn.producer.open_producer`).
+    from pydantic import ValidationError
+
+    from onceflow.config import CommonSettings
+
+    try:
+        return CommonSettings().processing_guarantee
+    except ValidationError:  # the service itself refuses these settings, with the reason
+        return os.environ.get(GUARANTEE_ENV, "exactly_once")
+
+
 def active_switches() -> list[str]:
-    """The test-only switches set in this process's environment, as ``NAME=value``."""
+    """The test-only switches this process runs with, as ``NAME=value``."""
     switches = [f"{name}={os.environ[name]}" for name in (ENV, SABOTAGE_ENV, CLOCK_SKEW_ENV) if os.environ.get(name)]
-    if os.environ.get(GUARANTEE_ENV, "exactly_once") != "exactly_once":
-        switches.append(f"{GUARANTEE_ENV}={os.environ[GUARANTEE_ENV]}")
+    guarantee = _guarantee()
+    if guarantee != "exactly_once":
+        switches.append(f"{GUARANTEE_ENV}={guarantee}")
     return switches
+
+
+def refuse_weaker_guarantee(processing_guarantee: str) -> None:
+    """The last line: a producer without transactions is built only when explicitly allowed,
+    whoever parsed the settings."""
+    if processing_guarantee != "exactly_once" and os.environ.get(ALLOW_ENV) != "1":
+        raise SwitchesNotAllowed(
+            f"{GUARANTEE_ENV}={processing_guarantee}: test-only (a weaker guarantee); a producer is built with it "
+            f"only if {ALLOW_ENV}=1 is set too"
+        )
 
 
 def guard_switches(service: str) -> list[str]:

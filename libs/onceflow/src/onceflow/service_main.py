@@ -15,9 +15,9 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
-from pydantic_settings import BaseSettings
+from pydantic_settings import BaseSettings, SettingsError
 
-from onceflow import __version__, logs, settings_docs
+from onceflow import __version__, faults, logs, settings_docs
 from onceflow.config import CommonSettings, LoopSettings, takeover_order_problem
 
 EXIT_USAGE = 2
@@ -57,6 +57,17 @@ def _shown(name: str, value: object) -> str:
         scheme, rest = text.split("://", 1)
         return f"{scheme}://(credentials hidden)@{rest.rsplit('@', 1)[1]}"
     return text
+
+
+def _error_line(prefix: str, loc: tuple[int | str, ...], value: object) -> str:
+    """A bad setting as ``VARIABLE=value``, the value as --print-settings shows it (secrets and
+    URL credentials masked), or the variable alone. A model check's error (loc ``()``) holds every
+    value of its group, the admin token and the passwords among them, and a group's JSON may hold
+    them too: those are never printed."""
+    variable = prefix + "_".join(str(part) for part in loc).upper() if loc else f"{prefix}*"
+    if isinstance(value, bool | int | float) or (isinstance(value, str) and not value.lstrip().startswith(("{", "["))):
+        return f"{variable}={_shown(variable, value)!r}"
+    return variable
 
 
 def _settings_classes(settings_class: type[BaseSettings]) -> list[type[BaseSettings]]:
@@ -115,10 +126,13 @@ def main(
         # A nested group (common, loop) fails on its own construction: exc.title names its class.
         groups = {cls.__name__: cls for cls in _settings_classes(settings_class)}
         prefix = str(groups.get(exc.title, settings_class).model_config.get("env_prefix", ""))
-        for error in exc.errors():
-            variable = prefix + "_".join(str(part) for part in error["loc"]).upper()
-            print(f"  {variable}={error.get('input')!r}: {error['msg']}", file=sys.stderr)
+        for error in exc.errors(include_url=False, include_input=True):
+            print(f"  {_error_line(prefix, error['loc'], error.get('input'))}: {error['msg']}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
+    except SettingsError as exc:  # a nested group's variable that is not JSON: pydantic-settings names no value
+        print(f"{binary}: invalid settings:\n  {exc}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+    faults.note_settings(_common(settings).processing_guarantee)
     problem = _start_problem(settings)
     if problem:
         print(f"{binary}: invalid settings:\n  {problem}", file=sys.stderr)

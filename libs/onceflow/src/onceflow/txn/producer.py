@@ -21,6 +21,7 @@ from typing import Any, Generic, NoReturn, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
+from onceflow import faults
 from onceflow.config import CommonSettings
 from onceflow.kafka import clients
 from onceflow.txn.errors import EXIT_RESTART, FencedError, IndefiniteOutcome, TxnErrorClass, classify, kafka_error
@@ -373,5 +374,6 @@ def open_producer(
     common: CommonSettings, transactional_id: str, call_timeout_s: float = 30.0, stop: threading.Event | None = None
 ) -> TransactionalProducer:
     """The producer for ``common.processing_guarantee``."""
+    faults.refuse_weaker_guarantee(common.processing_guarantee)
     kind = AtLeastOnceProducer if common.processing_guarantee == "at_least_once" else TransactionalProducer
     return kind(common, transactional_id, call_timeout_s, stop=stop)
