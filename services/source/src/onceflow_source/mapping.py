@@ -35,6 +35,12 @@ class OverLimit(Unmappable):
     """The record breaks one of the limits ingest applies (payload, key, headers, record size)."""
 
 
+class MappingFailed(Unmappable):
+    """Anything else the mapping raised on this record. A record's bytes are the user's: whatever
+    they make the mapping do is that record's fault, and retrying the batch would fail on it again
+    forever (a stalled source), so it is a dead letter naming the exception (issue 39)."""
+
+
 @dataclass(frozen=True, slots=True)
 class SourceRecord:
     """What the mapping needs of a consumed message (a confluent_kafka Message has all of it)."""
@@ -64,7 +70,7 @@ def record_id_of(record: SourceRecord, id_field: str, origin: KafkaOrigin = Kafk
         return default_record_id(origin, record.topic, record.partition, record.offset)
     try:
         value = json.loads(record.value) if record.value is not None else None
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: b"[" * 100000
         raise Unparsable(f"the value is not JSON ({exc}), so it has no id field {id_field!r}") from None
     if not isinstance(value, dict):
         raise Unparsable(f"the value is {'empty' if value is None else type(value).__name__}, not a JSON object, "
@@ -93,7 +99,16 @@ def _headers(headers: Sequence[tuple[str, bytes | None]]) -> dict[str, str]:
 
 def map_record(record: SourceRecord, mapping: Mapping) -> IngestRecord:
     """The record as ingest would take it from a client, checked with ingest's limits; raises
-    an ``Unmappable`` subclass with the reason otherwise."""
+    an ``Unmappable`` subclass with the reason otherwise, whatever went wrong."""
+    try:
+        return _mapped(record, mapping)
+    except Unmappable:
+        raise
+    except Exception as exc:  # noqa: BLE001 - see MappingFailed: one record's failure, never the batch's
+        raise MappingFailed(f"{type(exc).__name__}: {str(exc)[:200]}") from exc
+
+
+def _mapped(record: SourceRecord, mapping: Mapping) -> IngestRecord:
     record_id = record_id_of(record, mapping.id_field, mapping.origin)
     mapped = IngestRecord(
         record_id=record_id.encode(),
