@@ -109,6 +109,14 @@ class CommonSettings(BaseSettings):
     redis_wait_timeout_ms: int = Field(
         default=1000, ge=0, description="The longest such `WAIT`; a shortfall is logged, not fatal."
     )
+    redis_socket_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="How long a Redis command may go unanswered. A stalled Redis (stopped, swapping, behind a "
+        "partition) then fails the command, and the service turns NOT_SERVING and retries, instead of hanging "
+        "its loop and its Query calls while it says SERVING (docs/redis.md). Longer than "
+        "`ONCEFLOW_REDIS_WAIT_TIMEOUT_MS`.",
+    )
     topic_prefix: str = Field(
         default="",
         description="Prepended to every topic name (and consumer group, transactional id and Redis key), so several "
@@ -159,6 +167,13 @@ class CommonSettings(BaseSettings):
         "re-sends a batch), to measure what exactly-once costs; a test-only switch, refused without "
         "`ONCEFLOW_ALLOW_TEST_SWITCHES=1` (docs/decisions/0010).",
     )
+
+    @model_validator(mode="after")
+    def _redis_waits_within_the_socket_timeout(self) -> CommonSettings:
+        # A WAIT as long as the socket timeout would fail every store write as a stalled Redis.
+        if self.redis_socket_timeout_s * 1000 <= self.redis_wait_timeout_ms:
+            raise ValueError("ONCEFLOW_REDIS_SOCKET_TIMEOUT_S must be longer than ONCEFLOW_REDIS_WAIT_TIMEOUT_MS")
+        return self
 
     @model_validator(mode="after")
     def _tls_is_complete(self) -> CommonSettings:

@@ -145,9 +145,9 @@ class SwitchesNotAllowed(RuntimeError):
 _parsed_guarantee: str | None = None
 
 
-def note_settings(processing_guarantee: str) -> None:
-    """Record the parsed ``common.processing_guarantee`` (service_main, before the service starts)
-    for the guard and for Status."""
+def note_settings(processing_guarantee: str | None) -> None:
+    """Record the parsed ``common.processing_guarantee`` (service_main, while the service runs)
+    for the guard and for Status; None: not known."""
     global _parsed_guarantee
     _parsed_guarantee = processing_guarantee
 

@@ -18,14 +18,20 @@ SENTINEL_SCHEME = "redis+sentinel"
 def connect(url: str) -> redis.Redis:
     """A client that rides out a Redis restart or failover: connection errors are retried with
     backoff (through Sentinel, each retry asks again which server is the primary; a demoted
-    primary's READONLY counts as a connection error there). The password and, for rediss://,
+    primary's READONLY counts as a connection error there); a command unanswered for
+    ONCEFLOW_REDIS_SOCKET_TIMEOUT_S fails at once (a stalled Redis). The password and, for rediss://,
     the CA come from ONCEFLOW_REDIS_PASSWORD(_FILE) and ONCEFLOW_REDIS_SSL_CA_FILE."""
     from onceflow.config import CommonSettings, secret
 
     common = CommonSettings()
     options: dict[str, Any] = {
-        "retry": Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=20),
-        "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
+        # A refused or reset connection is retried here; a timeout is not: each retry of a stalled
+        # Redis would wait the socket timeout again (21 tries: minutes of a hung loop that says
+        # SERVING). It fails at once, as StoreUnavailable, and the owner retries with backoff,
+        # NOT_SERVING meanwhile (issue 39).
+        "retry": Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=20, supported_errors=(redis.ConnectionError,)),
+        "socket_timeout": common.redis_socket_timeout_s,
+        "socket_connect_timeout": min(2.0, common.redis_socket_timeout_s),
         "health_check_interval": 30,
     }
     if password := secret(common.redis_password, common.redis_password_file, "ONCEFLOW_REDIS_PASSWORD"):
@@ -36,7 +42,7 @@ def connect(url: str) -> redis.Redis:
         return redis.Redis.from_url(url, **options)
     sentinels, master, db = parse_sentinel_url(url)
     sentinel = Sentinel(sentinels, sentinel_kwargs={"socket_timeout": 1.0, "socket_connect_timeout": 1.0})
-    primary: redis.Redis = sentinel.master_for(master, db=db, socket_timeout=5.0, socket_connect_timeout=2.0, **options)
+    primary: redis.Redis = sentinel.master_for(master, db=db, **options)
     return primary
 
 

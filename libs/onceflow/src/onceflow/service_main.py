@@ -132,7 +132,6 @@ def main(
     except SettingsError as exc:  # a nested group's variable that is not JSON: pydantic-settings names no value
         print(f"{binary}: invalid settings:\n  {exc}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
-    faults.note_settings(_common(settings).processing_guarantee)
     problem = _start_problem(settings)
     if problem:
         print(f"{binary}: invalid settings:\n  {problem}", file=sys.stderr)
@@ -143,4 +142,10 @@ def main(
         print("\n".join(f"{variable.ljust(width)}  {value}" for variable, value in rows))
         sys.exit(0)
     logs.setup(service, getattr(settings, "instance", ""), _common(settings).log_level)
-    sys.exit(run(settings))
+    # The exactly-once guard (the server's, at start) and Status read the guarantee as parsed.
+    faults.note_settings(_common(settings).processing_guarantee)
+    try:
+        code = run(settings)
+    finally:
+        faults.note_settings(None)
+    sys.exit(code)

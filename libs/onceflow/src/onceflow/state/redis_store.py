@@ -33,19 +33,45 @@ def expect(position: int | None) -> str:
     return "" if position is None else str(position)
 
 
+# Redis cannot take (or serve) writes now; nothing was decided, a retry later will do. redis-py
+# turns the error codes it knows into these classes and strips the code from the message, so a
+# prefix match on the message misses them (issue 39): a full Redis (OOM, with maxmemory-policy
+# noeviction) crash-looped the services. LOADING (BusyLoadingError) and AUTH errors are
+# ConnectionErrors already.
+UNAVAILABLE_ERRORS: tuple[type[redis.RedisError], ...] = (
+    redis.ConnectionError,  # down, refused, reset, the client's retries spent; LOADING; NOAUTH/WRONGPASS
+    redis.TimeoutError,  # stalled: no reply within ONCEFLOW_REDIS_SOCKET_TIMEOUT_S
+    redis.exceptions.OutOfMemoryError,  # OOM: maxmemory reached under noeviction
+    redis.exceptions.ReadOnlyError,  # READONLY: a replica, or a demoted primary
+    redis.exceptions.MasterDownError,  # MASTERDOWN: a replica that lost its primary
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.TryAgainError,
+)
+# The codes redis-py has no class for: it leaves them at the start of the message.
+UNAVAILABLE_CODES = ("MISCONF", "NOREPLICAS", "BUSY", "LOADING", "READONLY", "OOM", "MASTERDOWN")
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` says Redis cannot take writes now (retry later), not that the request or
+    a script is wrong (a bug)."""
+    if isinstance(exc, UNAVAILABLE_ERRORS):
+        return True
+    # A script's redis.call error can come back as a plain ResponseError with the code inside.
+    return isinstance(exc, redis.ResponseError) and str(exc).lstrip().startswith(UNAVAILABLE_CODES)
+
+
 @contextmanager
 def unavailable_on_error(what: str) -> Iterator[None]:
-    """Redis down (after the client's own retries), MISCONF (disk full), READONLY (a replica):
-    nothing was decided, retry later. Script errors and the like stay bugs."""
+    """Redis down or stalled (after the client's own retries), full (OOM), MISCONF (disk full),
+    READONLY (a replica), NOREPLICAS, MASTERDOWN, LOADING, BUSY: nothing was decided, retry later
+    (the owner turns NOT_SERVING meanwhile, docs/redis.md). Script errors and the like stay bugs."""
     try:
         yield
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise StoreUnavailable(f"{what}: Redis unreachable: {exc}") from exc
-    except redis.ResponseError as exc:
-        message = str(exc)
-        if message.startswith(("MISCONF", "READONLY", "LOADING", "NOREPLICAS", "BUSY", "MASTERDOWN")):
-            raise StoreUnavailable(f"{what}: Redis refused: {message}") from exc
-        raise
+    except redis.RedisError as exc:
+        if not is_unavailable(exc):
+            raise
+        code = getattr(exc, "status_code", None) or type(exc).__name__
+        raise StoreUnavailable(f"{what}: Redis unavailable ({code}): {exc}") from exc
 
 
 def decode(value: bytes | str | int | None) -> str:
