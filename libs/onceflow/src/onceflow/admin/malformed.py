@@ -4,6 +4,11 @@ grpcio answers a request its deserializer rejects with INTERNAL ("Exception dese
 request!"), which reads as a server fault and tells the caller nothing. This interceptor moves
 the parse into the handler: the bytes arrive raw, and a parse failure aborts with
 INVALID_ARGUMENT naming the method and the parser's reason. Every service's server has it.
+
+The handler it builds keeps what the original said about how grpcio should run it: a
+non-blocking stream (grpc-health's ``Watch`` answers from a callback and holds no thread) stays
+non-blocking, and a handler's own thread pool stays its own. Dropping these made every idle
+``Watch`` hold a server thread for its life (issue 39).
 """
 
 from __future__ import annotations
@@ -22,13 +27,17 @@ class MalformedRequestInterceptor(grpc.ServerInterceptor):
         parse, method = handler.request_deserializer, handler_call_details.method
 
         def parsed(behavior: Callable[[Any, grpc.ServicerContext], Any]) -> Callable[[bytes, grpc.ServicerContext], Any]:
-            def call(raw: bytes, context: grpc.ServicerContext) -> Any:
+            def call(raw: bytes, context: grpc.ServicerContext, *callback: Any) -> Any:
                 try:
                     request = parse(raw)
                 except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError, or anything a parser raises
                     context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{method}: the request does not parse: {exc}")
-                return behavior(request, context)
+                # A non-blocking behavior gets grpcio's send_response_callback as a third argument.
+                return behavior(request, context, *callback)
 
+            for how in ("experimental_non_blocking", "experimental_thread_pool"):
+                if hasattr(behavior, how):
+                    setattr(call, how, getattr(behavior, how))
             return call
 
         if handler.response_streaming:

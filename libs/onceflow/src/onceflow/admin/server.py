@@ -18,6 +18,7 @@ from grpc_reflection.v1alpha import reflection
 from onceflow import __version__, faults
 from onceflow.admin.auth import TokenAuthInterceptor, Tokens
 from onceflow.admin.malformed import MalformedRequestInterceptor
+from onceflow.admin.streams import StreamBudget
 from onceflow.admin.tls import ServerTLS
 from onceflow.config import CommonSettings
 from onceflow.v1 import admin_pb2, admin_pb2_grpc
@@ -52,8 +53,34 @@ class AdminControls(Protocol):
 # Server threads kept free of data-plane calls, so health checks and Admin calls are answered
 # however many slow calls (wait=PROCESSED, idle streams, big scans) are open.
 RESERVED_FOR_ADMIN = 8
+# A server's main pool, unless the service sizes it (ingest does).
+MAX_WORKERS = 32
 # In-flight calls a server holds per thread (running or queued) before refusing new ones.
 MAX_QUEUED_PER_THREAD = 4
+# Streams (admin/streams.py): blocking ones hold a thread of the stream pool each; non-blocking
+# ones (health Watch) only a slot. Neither ever takes a thread of the main pool.
+STREAM_THREADS = 8
+MAX_OPEN_STREAMS = 256
+# Streams past the budget are in flight for the moment it takes to refuse them.
+SPARE_STREAM_CALLS = 64
+
+# Connections, whoever holds them (gRPC core enforces these below Python, so they hold even
+# when every thread is busy):
+CONNECTION_OPTIONS: tuple[tuple[str, int], ...] = (
+    # A connection with no call for 5 minutes is closed: idle connections cost a socket each.
+    ("grpc.max_connection_idle_ms", 5 * 60_000),
+    # Every connection is told to go away after 30 minutes and closed 5 minutes later, with any
+    # stream still on it: no stream outlives 35 minutes, however idle its client keeps it.
+    ("grpc.max_connection_age_ms", 30 * 60_000),
+    ("grpc.max_connection_age_grace_ms", 5 * 60_000),
+    # The server pings a connection silent for a minute and closes it when no answer comes in
+    # 20 s: a half-open peer (gone without a FIN) does not hold its streams for good.
+    ("grpc.keepalive_time_ms", 60_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+    # Keepalive enforcement: a client pinging more often than every 10 s is sent GOAWAY.
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+    ("grpc.http2.max_ping_strikes", 2),
+)
 
 
 class CallSlots:
@@ -153,21 +180,27 @@ class ServiceServer:
         tokens: Tokens,
         add_servicers: Callable[[grpc.Server], None] = lambda _server: None,
         service_names: tuple[str, ...] = (),
-        max_workers: int = 32,
+        max_workers: int = MAX_WORKERS,
         tls: ServerTLS | None = None,
         max_receive_bytes: int = 4 * 1024 * 1024,
+        stream_threads: int = STREAM_THREADS,
+        max_open_streams: int = MAX_OPEN_STREAMS,
     ) -> None:
         # Every service builds its server here, at start: the one place to refuse a sabotaged
         # build that was not explicitly allowed, and to say which test switches are on.
         test_switches = faults.guard_switches(service)
+        self._streams = StreamBudget(service, threads=stream_threads, max_open=max(max_open_streams, stream_threads))
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"{service}-grpc"),
-            interceptors=[TokenAuthInterceptor(tokens), MalformedRequestInterceptor()],
+            # The stream budget wraps the parsed handler, so it sees (and keeps) whether the
+            # method is non-blocking; the token check comes first, so a refused call takes no slot.
+            interceptors=[TokenAuthInterceptor(tokens), self._streams, MalformedRequestInterceptor()],
             # Calls waiting for a thread are held in memory: past this many in flight, grpcio
-            # refuses new ones with RESOURCE_EXHAUSTED instead of queueing without bound.
-            maximum_concurrent_rpcs=max_workers * MAX_QUEUED_PER_THREAD,
+            # refuses new ones with RESOURCE_EXHAUSTED instead of queueing without bound. Open
+            # streams count too, so they get their own share: they can never fill the unary one.
+            maximum_concurrent_rpcs=max_workers * MAX_QUEUED_PER_THREAD + self._streams.max_open + SPARE_STREAM_CALLS,
             # gRPC's own default: admin and query requests are small. Ingest sizes it to its caps.
-            options=[("grpc.max_receive_message_length", max_receive_bytes)],
+            options=[("grpc.max_receive_message_length", max_receive_bytes), *CONNECTION_OPTIONS],
         )
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
@@ -199,15 +232,16 @@ class ServiceServer:
         *,
         add_servicers: Callable[[grpc.Server], None] = lambda _server: None,
         service_names: tuple[str, ...] = (),
-        max_workers: int = 32,
+        max_workers: int = MAX_WORKERS,
         max_receive_bytes: int = 4 * 1024 * 1024,
+        stream_threads: int = STREAM_THREADS,
     ) -> ServiceServer:
         """``service``'s server where its settings put it, with the deployment's tokens and TLS."""
         return cls(
             service=service, instance=settings.instance, host=settings.host, port=settings.port, controls=controls,
             tokens=Tokens.from_settings(settings.common), tls=ServerTLS.from_settings(settings.common),
             add_servicers=add_servicers, service_names=service_names, max_workers=max_workers,
-            max_receive_bytes=max_receive_bytes,
+            max_receive_bytes=max_receive_bytes, stream_threads=stream_threads,
         )
 
     def start(self) -> None:
@@ -224,3 +258,4 @@ class ServiceServer:
         """Refuse new calls, let running ones finish for up to ``grace_s``."""
         self.set_serving(False)
         self._server.stop(grace_s).wait()
+        self._streams.shutdown()
