@@ -8,15 +8,21 @@ from __future__ import annotations
 import os
 import signal
 import time
+import uuid
 from collections.abc import Callable
 
 import pytest
 
 from onceflow.admin import fleet
-from onceflow.redis_client import connect
+from onceflow.config import CommonSettings
+from onceflow.redis_client import connect, delete_prefix
+from onceflow.state.store import StoreUnavailable
 from onceflow_tools.infra.redis import RedisServer
 from tests.conftest import Pipeline, eventually
 from tests.test_sink import changes, expected_table, produce, redis_table, sink, wait_applied
+
+from onceflow_dedup.buckets import BucketSpec
+from onceflow_dedup.store import DedupStore
 
 pytestmark = [pytest.mark.hostile, pytest.mark.redis, pytest.mark.integration]
 
@@ -84,3 +90,31 @@ def test_a_stalled_redis_turns_the_sink_not_serving_within_its_socket_timeout(pi
     assert redis_table(pipeline) == expected_table(pipeline)
     eventually(lambda: fleet.query(endpoint, None, 5.0).health == "SERVING", 20, "the sink to serve again")
     assert proc.terminate() == 0, proc.log_tail()
+
+
+def test_the_gate_store_refuses_nothing_silently_and_fails_no_batch_on_a_redis_that_takes_no_writes(infra: None) -> None:
+    """The gate's store through its real Lua scripts (redis-py raises OutOfMemoryError and
+    ReadOnlyError for those replies, with the code stripped): each refusal is StoreUnavailable,
+    which the shared loop retries (NOT_SERVING meanwhile), and the write lands once, afterwards."""
+    client = connect(CommonSettings().redis_url)
+    prefix = f"h{uuid.uuid4().hex[:8]}."
+    store = DedupStore(client, prefix, 0, BucketSpec(bucket_ms=1000, horizon_ms=10_000, expected_per_bucket=1000))
+    store.apply({b"a": b"1000"}, checkpoint=1)
+    try:
+        for refuse, allow, code in (
+            (lambda: client.config_set("maxmemory", 1), lambda: client.config_set("maxmemory", 0), "OOM"),
+            (lambda: client.config_set("min-replicas-to-write", 1), lambda: client.config_set("min-replicas-to-write", 0),
+             "NOREPLICAS"),
+            (lambda: client.execute_command("REPLICAOF", "127.0.0.1", "1"),
+             lambda: client.execute_command("REPLICAOF", "NO", "ONE"), "READONLY"),
+        ):
+            refuse()
+            try:
+                with pytest.raises(StoreUnavailable, match=code):
+                    store.apply({b"b": b"1000"}, checkpoint=2)
+            finally:
+                allow()
+        store.apply({b"b": b"1000"}, checkpoint=2)
+        assert store.get(b"b") == b"1000" and store.checkpoint == 2 and len(store) == 2
+    finally:
+        delete_prefix(client, prefix)
