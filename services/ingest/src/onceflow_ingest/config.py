@@ -37,6 +37,25 @@ class IngestSettings(BaseSettings):
     max_request_records: int = Field(
         default=10_000, ge=1, description="Records per Ingest call, and per IngestStream message."
     )
+    stream_max_rejections: int = Field(
+        default=1_000,
+        ge=0,
+        description="Rejections an IngestStream collects for its reply; the next invalid record ends the stream with "
+        "`INVALID_ARGUMENT`, saying what was committed (the reply lists every rejection, so it must be bounded).",
+    )
+    stream_max_messages: int = Field(
+        default=100_000,
+        ge=1,
+        description="Messages per IngestStream; the next ends it with `RESOURCE_EXHAUSTED`, saying what was committed: "
+        "open a new stream for the rest.",
+    )
+    stream_max_age_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="How long an IngestStream may stay open: a message after it ends the stream with "
+        "`RESOURCE_EXHAUSTED`, saying what was committed. An idle stream ends with its connection's age limit "
+        "(docs/admin.md).",
+    )
     max_concurrent_calls: int = Field(
         default=24,
         ge=1,

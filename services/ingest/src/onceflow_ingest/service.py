@@ -8,7 +8,7 @@ import threading
 from confluent_kafka import KafkaException
 
 from onceflow import metrics, spout
-from onceflow.admin import RESERVED_FOR_ADMIN, ServiceServer, StatusSnapshot
+from onceflow.admin import RESERVED_FOR_ADMIN, STREAM_THREADS, ServiceServer, StatusSnapshot
 from onceflow.kafka.inspect import wait_partition_count
 from onceflow.runner import on_stop_signals
 from onceflow.state.store import KeyValueStore
@@ -91,6 +91,9 @@ class IngestService:
             "ingest", settings, self,
             max_receive_bytes=settings.max_request_bytes,
             max_workers=settings.max_concurrent_calls + RESERVED_FOR_ADMIN,
+            # IngestStream runs in the stream pool (admin/streams.py): room for every call slot
+            # (the call limit, shared with Ingest, is what refuses streams), and for reflection.
+            stream_threads=settings.max_concurrent_calls + STREAM_THREADS,
             add_servicers=lambda server: ingest_pb2_grpc.add_IngestServicer_to_server(self.servicer, server),
             service_names=(ingest_pb2.DESCRIPTOR.services_by_name["Ingest"].full_name,),
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable, Iterator
 
 import grpc
@@ -103,9 +104,11 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
         self, request_iterator: Iterator[ingest_pb2.IngestRequest], context: grpc.ServicerContext
     ) -> ingest_pb2.IngestReply:
         reply = ingest_pb2.IngestReply()
+        caps = _StreamCaps(self._settings)
         index = 0
         for request in request_iterator:
             self._check_accepting(context)
+            caps.check_message(context, index, reply.accepted)
             if request.wait == ingest_pb2.WAIT_FOR_PROCESSED:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, "wait: WAIT_FOR_PROCESSED is only for unary Ingest")
             if len(request.records) > self._settings.max_request_records:
@@ -117,12 +120,15 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
                 )
             ingest_time = now_ms()
             envelopes: list[NewRecord] = []
+            message_start = index
             for record in request.records:
                 invalid = check_record(index, record, self._limits, field_prefix="stream")
                 if invalid is None:
                     envelopes.append(new_record(record, ingest_time))
                 else:
                     metrics.REJECTED.labels("ingest", invalid.field.rsplit(".", 1)[-1]).inc()
+                    if len(reply.rejected) >= self._settings.stream_max_rejections:
+                        self._reject(context, "too_many_rejected", caps.too_many_rejected(invalid, reply, message_start))
                     reply.rejected.append(
                         ingest_pb2.Rejection(index=invalid.index, field=invalid.field, message=invalid.message)
                     )
@@ -170,6 +176,48 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
     def _reject(self, context: grpc.ServicerContext, reason: str, message: str) -> None:
         metrics.REJECTED.labels("ingest", reason).inc()
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+class _StreamCaps:
+    """One IngestStream's caps (issue 39): its messages, its age and (checked by the caller,
+    which holds the reply) its rejections. Every refusal says exactly what was committed: the
+    valid records before stream index ``index``, none from there on."""
+
+    def __init__(self, settings: IngestSettings) -> None:
+        self._settings = settings
+        self._opened = time.monotonic()
+        self._messages = 0
+
+    def check_message(self, context: grpc.ServicerContext, index: int, accepted: int) -> None:
+        self._messages += 1
+        if self._messages > self._settings.stream_max_messages:
+            self._exhausted(context, f"message {self._messages} is past the limit of "
+                                     f"{self._settings.stream_max_messages} messages per stream", index, accepted)
+        age_s = time.monotonic() - self._opened
+        if age_s > self._settings.stream_max_age_s:
+            self._exhausted(context, f"open for {age_s:.0f} s, past the limit of "
+                                     f"{self._settings.stream_max_age_s:g} s per stream", index, accepted)
+
+    def _exhausted(self, context: grpc.ServicerContext, why: str, index: int, accepted: int) -> None:
+        metrics.REJECTED.labels("ingest", "stream_cap").inc()
+        context.abort(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"stream: {why}; {_committed_before(index, accepted)}; send the rest on a new stream",
+        )
+
+    def too_many_rejected(self, invalid: Invalid, reply: ingest_pb2.IngestReply, message_start: int) -> str:
+        first = reply.rejected[0] if reply.rejected else None
+        shown = f"the first: {first.field}: {first.message}; " if first is not None else ""
+        return (
+            f"stream: more than {self._settings.stream_max_rejections} invalid records, the limit per stream "
+            f"({shown}this one: {invalid}); {_committed_before(message_start, reply.accepted)}"
+        )
+
+
+def _committed_before(index: int, accepted: int) -> str:
+    return (
+        f"the {accepted} valid records before stream index {index} were committed, none from index {index} on"
+    )
 
 
 def _first(reasons: list[str], shown: int = 3) -> str:

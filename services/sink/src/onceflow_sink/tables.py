@@ -22,6 +22,7 @@ Keys (docs/key-layouts.md); one hash tag for all, so one script may touch every 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
@@ -39,6 +40,11 @@ from onceflow.state.redis_store import (
     wait_for_replicas,
 )
 from onceflow.v1.sink_pb2 import ScanPosition
+
+# Scan's work per call (issue 39): each HSCAN step asks for this many fields at least (Redis
+# takes COUNT as a hint), and a call stops stepping once it has asked for this many in all.
+SCAN_STEP_COUNT = 1_000
+SCAN_EXAMINED_PER_CALL = 20_000
 
 # KEYS: partition meta, table key prefix, table meta key prefix. ARGV: token, the offset expected
 # in Redis ('' none; '*' skips the check: the sabotaged build only), the new last offset ('' =
@@ -189,10 +195,18 @@ class ResultTables:
         value = self._redis.hget(self.table_key(job), key)
         return None if value is None else as_bytes(value)
 
-    def scan(self, job: str, prefix: str, limit: int, token: bytes = b"") -> tuple[list[tuple[str, bytes]], bytes]:
+    def scan(
+        self, job: str, prefix: str, limit: int, token: bytes = b"", *, deadline: float | None = None,
+    ) -> tuple[list[tuple[str, bytes]], bytes]:
         """At most ``limit`` rows under ``prefix`` from where ``token`` left off, and the token
         to go on from (empty: done). Rows of an HSCAN step beyond the page go into the token as
         keys, so nothing is skipped and no step is repeated; their values are read when due.
+
+        One call does bounded work, whatever the table and the prefix (issue 39): about
+        ``SCAN_EXAMINED_PER_CALL`` fields examined, and no new step once ``deadline``
+        (``time.monotonic()``) has passed. A prefix matching nothing in a big table therefore
+        answers an empty page with a token, not a scan of the whole table; the client goes on
+        from the token. At least one step is taken, so every call makes progress.
         Raises ``ValueError`` for a token this method did not make."""
         position = _position(token)
         pending = list(position.pending_keys)
@@ -203,8 +217,14 @@ class ResultTables:
             values = self._redis.hmget(self.table_key(job), due)
             rows.extend((key, as_bytes(value)) for key, value in zip(due, values) if value is not None)
         pattern = _glob_escape(prefix) + "*"
+        count = max(limit, SCAN_STEP_COUNT)
+        steps = 0
         while not pending and not done and len(rows) < limit:
-            cursor, found = self._redis.hscan(self.table_key(job), cursor=cursor, match=pattern, count=limit)
+            out_of_time = deadline is not None and time.monotonic() >= deadline
+            if steps and (steps * count >= SCAN_EXAMINED_PER_CALL or out_of_time):
+                break
+            steps += 1
+            cursor, found = self._redis.hscan(self.table_key(job), cursor=cursor, match=pattern, count=count)
             done = cursor == 0
             if not isinstance(found, dict):  # redis-py types HSCAN's NOVALUES answer (a list) too
                 raise TypeError(f"HSCAN answered a {type(found).__name__}, not field-value pairs")
