@@ -178,8 +178,8 @@ def scan_all(tables: ResultTables, prefix: str, limit: int) -> tuple[dict[str, b
     while True:
         page, token = tables.scan(JOB, prefix, limit, token)
         pages += 1
+        # A page may be short, even empty, with a token: one call does bounded work (issue 39).
         assert page == sorted(page) and len(page) <= limit
-        assert token == b"" or len(page) == limit  # short only when done (nothing was deleted)
         seen.update(page)
         if not token:
             return seen, pages
@@ -196,9 +196,9 @@ def test_a_table_bigger_than_a_page_is_scanned_whole_with_page_tokens(client) ->
         pipe.hset(tables.table_key(JOB), mapping=dict(list(rows.items())[start : start + 5_000]))
     pipe.execute()
     seen, pages = scan_all(tables, "", 10_000)
-    assert seen == rows and pages == 3
-    page, token = tables.scan(JOB, "2499", 10_000)  # a prefix: only its rows, in one page
-    assert token == b"" and [key for key, _ in page] == ["2499", *[f"2499{d}" for d in range(10)]]
+    assert seen == rows and pages >= 3
+    found, _pages = scan_all(tables, "2499", 10_000)  # a prefix: only its rows
+    assert sorted(found) == ["2499", *[f"2499{d}" for d in range(10)]]
 
 
 def test_a_small_table_is_paged_within_the_limit_though_redis_returns_it_in_one_step(client) -> None:
