@@ -20,6 +20,7 @@ from onceflow.config import CommonSettings
 from onceflow_client import (
     AsyncIngestClient,
     AsyncQueryClient,
+    AsyncResultsTail,
     IngestClient,
     QueryClient,
     RecordsRejected,
@@ -169,3 +170,23 @@ def test_a_results_tail_resumed_from_its_snapshot_ends_equal_to_the_sink_through
     finally:
         resumed.close()
     assert running.supervisor.restarts["sink"] == 0, "the killed sink was restarted by kill9, not by a crash"
+
+
+def test_an_async_tail_given_no_prefix_follows_onceflow_topic_prefix(running: Running, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 45: a tail built as the docs show it, on a prefixed pipeline, read the unprefixed topic
+    # and saw 0 changes, quietly; and AsyncResultsTail had no `async with`.
+    monkeypatch.setenv("ONCEFLOW_TOPIC_PREFIX", running.common.topic_prefix)
+    batch = list(usersum.records(300, users=40, id_prefix="envtail", seed=7))
+    with IngestClient(running.supervisor.address("ingest")) as client:
+        client.ingest(usersum.ingest_records(batch))
+    running.sent += batch
+    final = running.drained_and_exact()
+
+    async def follow() -> dict[str, dict]:
+        async with AsyncResultsTail(running.common.kafka_bootstrap, JOB) as tail:
+            assert tail.snapshot().positions == {}
+            async for _change in tail.changes(idle_timeout_s=2):
+                pass
+            return {key: json.loads(value) for key, value in tail.table.items()}
+
+    assert asyncio.run(follow()) == final

@@ -3,6 +3,7 @@ snapshot keeps. Against a pipeline: tests/test_client.py."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import grpc
@@ -150,3 +151,63 @@ def test_changes_ends_only_after_the_whole_idle_timeout(monkeypatch: pytest.Monk
     monkeypatch.setattr(tail, "poll", lambda timeout_s: polls.append(timeout_s) or [])
     assert list(tail.changes(idle_timeout_s=5)) == []
     assert len(polls) == 5  # one fake second per poll: five polls before five quiet seconds
+
+
+class _FakeKafka:
+    """confluent_kafka as ResultsTail's constructor uses it, over a broker holding ``topics``
+    (each with one partition); records which topic was assigned and whether it was closed."""
+
+    OFFSET_BEGINNING = -2
+
+    def __init__(self, *topics: str) -> None:
+        self.topics, self.assigned, self.closed = topics, [], False
+        fake = self
+
+        class Consumer:
+            def __init__(self, _config: dict[str, str]) -> None:
+                pass
+
+            def list_topics(self, name: str, timeout: float) -> object:
+                found = {name: type("T", (), {"error": None, "partitions": {0: None}})()} if name in fake.topics else {}
+                return type("M", (), {"topics": found})()
+
+            def assign(self, partitions: list[tuple[str, int, int]]) -> None:
+                fake.assigned = partitions
+
+            def close(self) -> None:
+                fake.closed = True
+
+        self.Consumer = Consumer
+
+    @staticmethod
+    def TopicPartition(topic: str, partition: int, offset: int) -> tuple[str, int, int]:  # noqa: N802 - confluent_kafka's name
+        return topic, partition, offset
+
+
+def test_a_tail_with_no_prefix_given_follows_onceflow_topic_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 45: a tail built like the docs' example, on a pipeline run with a prefix, read the
+    # unprefixed topic and saw 0 changes, quietly.
+    kafka = _FakeKafka("run7.compute.results", "compute.results")
+    monkeypatch.setattr(tail_module, "_kafka", lambda: kafka)
+    monkeypatch.setenv("ONCEFLOW_TOPIC_PREFIX", "run7.")
+    with ResultsTail("broker:9092", "j") as tail:
+        assert tail.topic == "run7.compute.results"
+        assert kafka.assigned == [("run7.compute.results", 0, _FakeKafka.OFFSET_BEGINNING)]
+    # An explicit prefix still wins over the environment, "" included.
+    assert ResultsTail("broker:9092", "j", topic_prefix="").topic == "compute.results"
+    monkeypatch.delenv("ONCEFLOW_TOPIC_PREFIX")
+    assert ResultsTail("broker:9092", "j").topic == "compute.results"
+
+
+def test_an_async_tail_is_an_async_context_manager_that_closes(monkeypatch: pytest.MonkeyPatch) -> None:
+    kafka = _FakeKafka("compute.results")
+    monkeypatch.setattr(tail_module, "_kafka", lambda: kafka)
+    monkeypatch.delenv("ONCEFLOW_TOPIC_PREFIX", raising=False)
+
+    async def use() -> bool:
+        async with tail_module.AsyncResultsTail("broker:9092", "j") as tail:
+            assert tail.table == {}
+            return kafka.closed
+
+    assert asyncio.run(use()) is False  # open inside the block
+    assert kafka.closed

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -18,6 +19,10 @@ from typing import Any
 from onceflow.v1.results_pb2 import ResultChange
 
 RESULTS_TOPIC = "compute.results"
+# The pipeline's setting, read as the services read it: a tail built with no topic_prefix follows
+# the pipeline its environment names, not the unprefixed one (which on a shared broker may be
+# someone else's, or empty).
+TOPIC_PREFIX_ENV = "ONCEFLOW_TOPIC_PREFIX"
 _OPS = {ResultChange.UPSERT: "+", ResultChange.RETRACT: "-"}
 
 
@@ -62,13 +67,16 @@ class TailSnapshot:
 
 class ResultsTail:
     """``job``'s table, kept current from the results topic. ``topic_prefix`` is the pipeline's
-    ONCEFLOW_TOPIC_PREFIX; ``kafka_config`` adds librdkafka settings (security, ...)."""
+    topic prefix; None (the default) reads ONCEFLOW_TOPIC_PREFIX, "" when unset.
+    ``kafka_config`` adds librdkafka settings (security, ...)."""
 
     def __init__(
-        self, bootstrap: str, job: str, topic_prefix: str = "", resume: TailSnapshot | None = None,
+        self, bootstrap: str, job: str, topic_prefix: str | None = None, resume: TailSnapshot | None = None,
         kafka_config: Mapping[str, str] | None = None,
     ) -> None:
         kafka = _kafka()
+        if topic_prefix is None:
+            topic_prefix = os.environ.get(TOPIC_PREFIX_ENV, "")
         self.job = job
         self.topic = f"{topic_prefix}{RESULTS_TOPIC}"
         state = resume or TailSnapshot()
@@ -173,10 +181,17 @@ class _Quiet:
 
 
 class AsyncResultsTail:
-    """ResultsTail for asyncio: Kafka is polled on a worker thread, so the loop never blocks."""
+    """ResultsTail for asyncio: Kafka is polled on a worker thread, so the loop never blocks.
+    ``async with AsyncResultsTail(...) as tail:`` closes it on the way out, like the other clients."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._tail = ResultsTail(*args, **kwargs)
+
+    async def __aenter__(self) -> AsyncResultsTail:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.close()
 
     @property
     def table(self) -> dict[str, bytes]:
