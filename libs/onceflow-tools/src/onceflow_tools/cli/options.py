@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
+from rich.console import Console
 
 from onceflow.admin.tls import ClientTLS
+
+# Wide enough for any row a command prints: a pipe or a file has no width to fit.
+UNBOUNDED_WIDTH = 100_000
 
 # A command's service address; unset: that service's first instance in the services config
 # (ONCEFLOW_SERVICES_CONFIG, else infra/services.toml), so the CLI follows a deployment's ports.
@@ -43,3 +48,13 @@ def client_tls(ca_file: str, cert_file: str, key_file: str) -> ClientTLS | None:
         return ClientTLS.of(ca_file, cert_file, key_file)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
+
+
+def full_width_console(**kwargs: object) -> Console:
+    """A Console that fits a terminal's width, and does not cut lines at rich's default 80 columns
+    when the output is a pipe or a file (a script reading a table wants whole rows). COLUMNS,
+    when set, still wins."""
+    console = Console(**kwargs)  # type: ignore[arg-type]
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console.width = UNBOUNDED_WIDTH
+    return console
