@@ -52,9 +52,9 @@ def imported_modules(source: Path) -> Iterator[tuple[int, str]]:
 
 
 # What an application that depends on onceflow-client gets: grpcio, protobuf and the wire
-# contracts; confluent-kafka only with the `tail` extra, for ResultsTail, and faust-streaming only
+# contracts; confluent-kafka only with the `tail` extra, for ResultsTail and DeadLetters, and faust-streaming only
 # with the `faust` extra, for the Faust bridge.
-EXTRAS = {"tail.py": "confluent_kafka", "faust.py": "faust"}
+EXTRAS = {"tail.py": "confluent_kafka", "dlq.py": "confluent_kafka", "faust.py": "faust"}
 CLIENT_MAY_IMPORT = ("onceflow.v1", "onceflow_client", "grpc", "google.protobuf", "__future__")
 
 
