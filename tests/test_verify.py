@@ -63,13 +63,18 @@ def test_a_build_that_commits_offsets_outside_the_transaction_and_reads_aborted_
         # The wait ends as soon as the pipeline has drained, so this is only a bound.
         # Compute stays on Spark here: on the pandas engine a fresh-clone run lost 0 records
         # (its replays re-delivered every lost batch), and only the other checks caught it.
+        # Replays are off now (docs/decisions/0022), so the lost batches stay lost.
         # No late re-sends: they send earlier batches again, which re-delivers what the broken
         # offsets lost (a 3-worker run lost 0 that way, with 55 batches of 45 sent again).
         "--rate", "150", "--fault-every", "4", "--seed", "5", "--settle", "240", "--no-late-resends", timeout_s=600,
     )
     assert verdict["faults_injected"].get("crash_in_txn", 0) >= 3, verdict["faults_injected"]
     assert code == 1 and not verdict["ok"], verdict
-    assert verdict["lost"] > 0 and not verdict["sink_matches_batch"], verdict
+    # Each sabotage caught by its own check. The sink's rows may still match the batch answer:
+    # compute, reading uncommitted, can count the very batches the gate's broken offsets lost
+    # (two CI runs: 1,951 lost, 1,835 aborted reads, rows equal). They differed only while ingest
+    # replayed the lost records, which the gate then passed a second time.
+    assert verdict["lost"] > 0, verdict
     assert verdict["aborted_reads"] > 0, verdict
 
 

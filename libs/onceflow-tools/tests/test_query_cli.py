@@ -91,6 +91,7 @@ def test_a_value_that_is_not_json_stays_text(fake: type[_FakeQuery], monkeypatch
 
 
 def test_a_table_in_a_pipe_is_not_cut_to_80_columns(fake: type[_FakeQuery], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)  # set in some test runs' environment (a CI run had 80)
     monkeypatch.setattr(_FakeQuery, "table", LONG)
     out, _ = _run("scan", "t")
     assert LONG["wide"].decode() in out  # on one line, whole

@@ -18,7 +18,13 @@ from onceflow_client.query import MAX_PAGE
 from onceflow_tools.cli.options import ServiceAddress, TlsCa, TlsCert, TlsKey, client_tls, full_width_console
 
 app = typer.Typer(no_args_is_help=True, help="Read result tables through the sink's Query API.")
-console = full_width_console()
+
+
+def console() -> Console:
+    """The output console, made when used: whether stdout is a terminal, and COLUMNS, are read
+    then, not when the module was imported."""
+    return full_width_console()
+
 notes = Console(stderr=True)
 
 Address = Annotated[str, typer.Option("--address", "-a", help="host:port of a sink")]
@@ -32,13 +38,13 @@ def _query_call(address: str, tls_ca: str, tls_cert: str, tls_key: str, call: Ca
     try:
         token = ClientTokens().bearer()
     except ValueError as exc:
-        console.print(f"[red]{exc}[/]")
+        console().print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None
     with QueryClient(address, token, client_tls(tls_ca, tls_cert, tls_key), TIMEOUT_S) as query:
         try:
             return call(query)
         except grpc.RpcError as exc:
-            console.print(f"[red]{address}: {exc.code().name}[/]: {exc.details()}")  # type: ignore[attr-defined]
+            console().print(f"[red]{address}: {exc.code().name}[/]: {exc.details()}")  # type: ignore[attr-defined]
             raise typer.Exit(2) from None
 
 
@@ -91,7 +97,7 @@ def get(
     elif value is not None:
         typer.echo(_text(value))
     else:
-        console.print(f"no row {key!r} in {job!r}")
+        console().print(f"no row {key!r} in {job!r}")
     if value is None:
         raise typer.Exit(1)
 
@@ -128,6 +134,6 @@ def scan(
     table.add_column("value")
     for key, value in rows:
         table.add_row(key, _text(value))
-    console.print(table)
+    console().print(table)
     if more:
-        console.print(cut, markup=False, highlight=False)
+        console().print(cut, markup=False, highlight=False)
