@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from onceflow.config import CommonSettings, repo_root
+from onceflow.config import CommonSettings, repo_root, runtime_dir
 
 
 def _isolate_xdist_worker() -> None:
@@ -108,6 +108,19 @@ def infra() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def broker(infra: None) -> KafkaBroker:
     return KafkaBroker.from_env()
+
+
+@pytest.fixture(scope="module")
+def other_cluster(infra: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    """A second single-node Kafka beside the suite's, one per module: a user's topic on a cluster
+    that is not the pipeline's (the source's other-cluster tests)."""
+    broker = KafkaBroker(port=free_port(), controller_port=free_port(), home=tmp_path_factory.mktemp("other-kafka"),
+                         libs_home=runtime_dir() / "kafka")
+    try:
+        broker.start()
+        yield broker
+    finally:
+        broker.stop()
 
 
 @dataclass

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import random
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ import pytest
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from onceflow.config import CommonSettings, runtime_dir
+from onceflow.config import CommonSettings
 from onceflow.kafka import clients
 from onceflow.kafka.inspect import consumed_everything, end_offsets
 from onceflow.kafka.topic_ids import read_topic_id
@@ -33,13 +32,13 @@ from onceflow.topology import SOURCE, Topic
 from onceflow.txn.external import ExternalTopic, read_positions
 from onceflow_client import QueryClient
 from onceflow_tools.infra.kafka import KafkaBroker
-from onceflow_tools.infra.topics import delete_topics, ensure_topics
 from onceflow_tools.process import ServiceProcess, free_port, pipeline_service
 from onceflow_tools.verify.check import undrained
 from onceflow_tools.verify.supervisor import Supervisor
 from onceflow_tools.workloads import usersum
 from onceflow_tools.workloads.usersum import KeyedRecord
 from tests.conftest import COMPUTE_NOT_UNDER_TEST, TEST_SESSION_TIMEOUT_MS, eventually
+from tests.harness.supervised import supervised
 
 pytestmark = [pytest.mark.edges, pytest.mark.source, pytest.mark.integration, pytest.mark.xdist_group("source")]
 JOB = usersum.JOB
@@ -77,31 +76,9 @@ class Running:
 
 @pytest.fixture(scope="module")
 def running(infra: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    prefix = f"t{uuid.uuid4().hex[:10]}."
-    common = CommonSettings(topic_prefix=prefix)
-    ensure_topics(common.kafka_bootstrap, prefix=prefix)
     log_dir = tmp_path_factory.mktemp("identity")
-    supervisor = Supervisor(prefix, log_dir, env={
-        "ONCEFLOW_KAFKA_BOOTSTRAP": common.kafka_bootstrap, "ONCEFLOW_LOOP_SESSION_TIMEOUT_MS": str(TEST_SESSION_TIMEOUT_MS),
-        **COMPUTE_NOT_UNDER_TEST,
-    })
-    try:
-        supervisor.start_all()
-        yield Running(supervisor, common, log_dir)
-    finally:
-        supervisor.stop_all()
-        delete_topics(common.kafka_bootstrap, prefix=prefix)
-
-
-@pytest.fixture(scope="module")
-def other_cluster(infra: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
-    broker = KafkaBroker(port=free_port(), controller_port=free_port(), home=tmp_path_factory.mktemp("other-kafka"),
-                         libs_home=runtime_dir() / "kafka")
-    try:
-        broker.start()
-        yield broker
-    finally:
-        broker.stop()
+    for supervisor in supervised(log_dir, {}, COMPUTE_NOT_UNDER_TEST):
+        yield Running(supervisor, CommonSettings(topic_prefix=supervisor.prefix), log_dir)
 
 
 def create_topic(bootstrap: str, name: str) -> None:

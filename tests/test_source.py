@@ -33,7 +33,7 @@ from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from onceflow.codec import decode_envelope
-from onceflow.config import CommonSettings, runtime_dir
+from onceflow.config import CommonSettings
 from onceflow.faults import ALLOW_ENV, ENV as FAULT_ENV, SABOTAGE_ENV
 from onceflow.kafka import clients
 from onceflow.kafka.inspect import consumed_everything, end_offsets, hanging_transactions, read_committed
@@ -328,18 +328,6 @@ def test_with_an_id_field_copies_of_a_record_count_once_and_records_without_one_
         eventually(lambda: running.table_matches("i", answer), 180, "the table to count each id once", interval_s=2)
     finally:
         process.terminate()
-
-
-@pytest.fixture(scope="module")
-def other_cluster(infra: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
-    """A second single-node Kafka, holding the user's topic: not the pipeline's cluster."""
-    broker = KafkaBroker(port=free_port(), controller_port=free_port(), home=tmp_path_factory.mktemp("other-kafka"),
-                         libs_home=runtime_dir() / "kafka")
-    try:
-        broker.start()
-        yield broker
-    finally:
-        broker.stop()
 
 
 def _resumed(process: ServiceProcess) -> int:
