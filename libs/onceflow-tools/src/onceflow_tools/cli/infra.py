@@ -196,8 +196,9 @@ def topics(
         str | None, typer.Option(help="Any cluster's bootstrap list, host:port[,host:port]. Default: ONCEFLOW_KAFKA_BOOTSTRAP.")
     ] = None,
 ) -> None:
-    """Create the topics declared in infra/topics.toml that do not exist yet, on any cluster.
-    The per-job ones (compute.partials.<job>, ...) are created by each compute job at start."""
+    """Create the topics declared in infra/topics.toml that do not exist yet, on any cluster, and
+    set a declared timestamp type (LogAppendTime on ingest.records and acker.acks) on those made
+    before it. The per-job ones (compute.partials.<job>, ...) are created by each compute job at start."""
     common = CommonSettings()
     prefix = common.topic_prefix if prefix is None else prefix
     bootstrap = bootstrap or common.kafka_bootstrap
