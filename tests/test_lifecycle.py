@@ -138,7 +138,7 @@ def test_a_redeploy_with_an_aggregate_added_is_refused_and_the_old_table_stays_s
         lambda: _status(admin), 60, "the redeployed worker to answer Status",
     )
     assert status.state == "REFUSED", status
-    assert "'avg' (Avg(value)) added" in status.last_error and "new name" in status.last_error, status.last_error
+    assert "'avg' (Avg(value)) added" in status.last_error and "onceflow job deploy" in status.last_error, status.last_error
     health = health_pb2_grpc.HealthStub(grpc.insecure_channel(address))
     assert health.Check(health_pb2.HealthCheckRequest(), timeout=10).status == health_pb2.HealthCheckResponse.NOT_SERVING
     produce(pipeline, more)

@@ -118,7 +118,7 @@ def _tail_over(messages: list[_Message], interrupt_at: int | None = None) -> Res
     """A ResultsTail whose consumer hands out ``messages`` once; with ``interrupt_at``, a Ctrl-C
     arrives as the table takes that change (the fold is where it can land)."""
     tail = ResultsTail.__new__(ResultsTail)
-    tail.job, tail.topic, tail.partitions = "j", "compute.results", [0]
+    tail.job, tail.version, tail.topic, tail.partitions = "j", "j", "compute.results", [0]
     tail._positions, tail._at_end = {}, set()
 
     class Table(dict):  # type: ignore[type-arg]

@@ -25,7 +25,8 @@ def test_topics_toml_declares_exactly_the_topology_topics() -> None:
 
 def test_every_topic_is_used_by_a_hop() -> None:
     used = {t for hop in HOPS for t in (hop.input, hop.changelog, hop.dlq, *hop.outputs) if t is not None}
-    assert used == set(Topic)
+    assert used | set(topology.CONTROL) == set(Topic)
+    assert not used & set(topology.CONTROL)
 
 
 def test_a_changelog_has_its_inputs_partitions_and_is_compacted() -> None:

@@ -112,7 +112,7 @@ def test_the_issue_scenario_names_every_difference() -> None:
     new = job([Sum("value", name="total"), Count("n"), Avg("value", name="avg"), Max("value", name="hi"), Min("value", name="lo")])
     check = decide(new, {0: describe(old), 1: describe(old), 2: None}, {2: False})
     assert check.refused and check.verdict.differences == ("aggregate 'avg' (Avg(value)) added",)
-    assert "new name" in check.reason() and "'sensors'" in check.reason()
+    assert "onceflow job deploy" in check.reason() and "'sensors'" in check.reason()
 
 
 def test_state_without_a_fingerprint_is_taken_as_the_loaded_job() -> None:

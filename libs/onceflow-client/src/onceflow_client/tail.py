@@ -19,6 +19,9 @@ from typing import Any
 from onceflow.v1.results_pb2 import ResultChange
 
 RESULTS_TOPIC = "compute.results"
+# Which version of a job its plain name reads (docs/jobs.md#versions-and-bluegreen): the last
+# JSON record per job, its `live` the version number (0: none promoted: the plain name's table).
+REGISTRY_TOPIC = "jobs.registry"
 # The pipeline's setting, read as the services read it: a tail built with no topic_prefix follows
 # the pipeline its environment names, not the unprefixed one (which on a shared broker may be
 # someone else's, or empty).
@@ -49,11 +52,13 @@ class TailSnapshot:
 
     table: dict[str, bytes] = field(default_factory=dict)
     positions: dict[int, int] = field(default_factory=dict)
+    version: str = ""  # the table it folded: `orders@2` (a resumed tail stays on it), or the plain name
 
     def to_json(self) -> str:
         return json.dumps({
             "table": {key: base64.b64encode(value).decode() for key, value in self.table.items()},
             "positions": {str(p): o for p, o in self.positions.items()},
+            "version": self.version,
         })
 
     @classmethod
@@ -62,13 +67,18 @@ class TailSnapshot:
         return cls(
             {key: base64.b64decode(value) for key, value in data["table"].items()},
             {int(p): int(o) for p, o in data["positions"].items()},
+            data.get("version", ""),
         )
 
 
 class ResultsTail:
     """``job``'s table, kept current from the results topic. ``topic_prefix`` is the pipeline's
     topic prefix; None (the default) reads ONCEFLOW_TOPIC_PREFIX, "" when unset.
-    ``kafka_config`` adds librdkafka settings (security, ...)."""
+    ``kafka_config`` adds librdkafka settings (security, ...).
+
+    A job's plain name follows its live version as the registry says when the tail starts
+    (``version`` names it: ``orders@2``); ``orders@2`` follows that version. A tail keeps the
+    version it started with (a promotion meanwhile does not switch it: start a new tail)."""
 
     def __init__(
         self, bootstrap: str, job: str, topic_prefix: str | None = None, resume: TailSnapshot | None = None,
@@ -98,10 +108,35 @@ class ResultsTail:
             self._consumer.close()
             raise ValueError(f"no topic {self.topic} on {bootstrap}: is the pipeline's topic prefix {topic_prefix!r}?")
         self.partitions = sorted(topic.partitions)
+        self.version = state.version or self._live_version(f"{topic_prefix}{REGISTRY_TOPIC}", job)
         self._consumer.assign([
             kafka.TopicPartition(self.topic, p, self._positions.get(p, kafka.OFFSET_BEGINNING)) for p in self.partitions
         ])
         self._at_end: set[int] = set()
+
+    def _live_version(self, registry: str, job: str) -> str:
+        """The name ``job`` reads: itself when versioned or never promoted, else ``job@live``."""
+        if "@" in job:
+            return job
+        kafka = _kafka()
+        metadata = self._consumer.list_topics(registry, timeout=10).topics.get(registry)
+        if metadata is None or metadata.error is not None or not metadata.partitions:
+            return job  # a pipeline from before versions: no registry, no aliases
+        live = 0
+        self._consumer.assign([kafka.TopicPartition(registry, p, kafka.OFFSET_BEGINNING) for p in metadata.partitions])
+        open_partitions = set(metadata.partitions)
+        deadline = time.monotonic() + 30
+        while open_partitions and time.monotonic() < deadline:
+            for message in self._consumer.consume(num_messages=500, timeout=1.0):
+                error = message.error()
+                if error is not None:
+                    if error.code() == kafka.KafkaError._PARTITION_EOF:
+                        open_partitions.discard(message.partition())
+                    continue
+                if message.key() == job.encode():
+                    live = int(json.loads(message.value()).get("live", 0)) if message.value() else 0
+        self._consumer.unassign()
+        return f"{job}@{live}" if live else job
 
     def close(self) -> None:
         self._consumer.close()
@@ -113,7 +148,7 @@ class ResultsTail:
         self.close()
 
     def snapshot(self) -> TailSnapshot:
-        return TailSnapshot(dict(self.table), dict(self._positions))
+        return TailSnapshot(dict(self.table), dict(self._positions), self.version)
 
     @property
     def caught_up(self) -> bool:
@@ -139,7 +174,7 @@ class ResultsTail:
             partition, offset = message.partition(), message.offset()
             self._at_end.discard(partition)
             change = ResultChange.FromString(message.value() or b"")
-            if change.job == self.job and change.op in _OPS:
+            if change.job == self.version and change.op in _OPS:
                 if change.op == ResultChange.UPSERT:
                     self.table[change.key] = change.value
                 else:

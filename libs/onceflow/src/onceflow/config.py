@@ -122,6 +122,14 @@ class CommonSettings(BaseSettings):
         description="Prepended to every topic name (and consumer group, transactional id and Redis key), so several "
         "pipelines, or tests, share one broker.",
     )
+    history_retention_ms: int = Field(
+        default=604_800_000,
+        ge=-1,
+        description="How long `dedup.records` keeps records, which is how far back a job version can rebuild its table "
+        "(`onceflow job deploy --from`, `job reprocess`). -1: forever, at the cost of disk for every record the gate "
+        "ever passed (docs/jobs.md#how-far-back). `onceflow infra topics` and `infra up` apply it, to a topic that "
+        "exists too. Default 7 days.",
+    )
     transaction_timeout_ms: int = Field(
         default=4_000,
         ge=1000,

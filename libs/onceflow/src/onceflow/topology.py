@@ -40,6 +40,7 @@ class Topic(StrEnum):
     SINK_DLQ = "sink.dlq"
     SOURCE_DLQ = "source.dlq"
     SOURCE_OFFSETS = "source.offsets"
+    JOBS_REGISTRY = "jobs.registry"
 
     @property
     def per_job(self) -> bool:
@@ -58,11 +59,52 @@ def check_job_name(job: str) -> str:
     return job
 
 
+# A job's version runs under its own name, `orders@2` (onceflow.versions, docs/decisions/0024).
+SEPARATOR = "@"
+# In a topic name '@' cannot appear; '.' can, and no plain job name holds one (topology.JOB_NAME).
+TOPIC_SEPARATOR = ".v"
+MAX_VERSION = 999_999
+
+
+def versioned(job: str, version: int) -> str:
+    """The name a version runs under: ``orders@2``; version 0 is the plain, unversioned name."""
+    return f"{job}{SEPARATOR}{version}" if version else job
+
+
+def split(name: str) -> tuple[str, int]:
+    """``orders@2`` -> (``orders``, 2); ``orders`` -> (``orders``, 0). Raises ValueError naming
+    what is wrong with a name that is neither."""
+    job, sep, version = name.partition(SEPARATOR)
+    check_job_name(job)
+    if not sep:
+        return job, 0
+    return job, parse_version(version)
+
+
+def parse_version(text: str) -> int:
+    if not re.fullmatch(r"[1-9][0-9]{0,5}", text):
+        raise ValueError(f"version {text!r}: a whole number from 1 to {MAX_VERSION}")
+    return int(text)
+
+
+def topic_slot(name: str) -> str:
+    """What fills a per-job topic's ``{job}`` slot: ``orders`` or ``orders.v2``."""
+    job, version = split(name)
+    return f"{job}{TOPIC_SEPARATOR}{version}" if version else job
+
+
+def is_topic_slot(text: str) -> bool:
+    """Whether ``text`` is what :func:`topic_slot` gives for some job or version."""
+    job, sep, version = text.partition(TOPIC_SEPARATOR)
+    return bool(JOB_NAME.fullmatch(job)) and (not sep or bool(re.fullmatch(r"[1-9][0-9]{0,5}", version)))
+
+
 def job_topic(topic: Topic, job: str) -> str:
     """The name of the topic ``job`` uses (before the prefix): a per-job one's for the job
-    (`compute.partials.wordcount`: each job has its own shuffle and state, as a Kafka Streams
-    application has its internal topics), a shared one's as it is."""
-    return topic.value.format(job=check_job_name(job)) if topic.per_job else topic.value
+    (`compute.partials.wordcount`, a version's `compute.partials.wordcount.v2`: each job has its
+    own shuffle and state, as a Kafka Streams application has its internal topics), a shared
+    one's as it is."""
+    return topic.value.format(job=topic_slot(job)) if topic.per_job else topic.value
 
 
 @dataclass(frozen=True)
@@ -119,6 +161,9 @@ SINK = Hop("sink", "onceflow-sink", Topic.COMPUTE_RESULTS, (Topic.ACKER_ACKS,), 
 # In the order a record meets them (the replayer and the acker close the loop back to ingest).
 HOPS: tuple[Hop, ...] = (INGEST, SOURCE, DEDUP, COMPUTE_MAP, COMPUTE_MERGE, SINK, ACKER, INGEST_REPLAYER)
 DLQS: tuple[Topic, ...] = tuple(dict.fromkeys(hop.dlq for hop in HOPS))
+# Topics no hop reads or writes: the control plane's (`onceflow job` writes the registry; the
+# sink follows it to point each job's plain name at its live version).
+CONTROL: tuple[Topic, ...] = (Topic.JOBS_REGISTRY,)
 
 
 def hops_of(service: str) -> tuple[Hop, ...]:

@@ -45,6 +45,20 @@ class ComputeSettings(BaseSettings):
         description="A built-in job (`auctionbids`, `nexmark_q0` … `nexmark_q5`, `nexmark_q7`, `nexmark_q8`, `wordcount`, "
         "`usersum`, `bigspend`) or a dotted module path defining `job`; Tilt and compose run `auctionbids`.",
     )
+    version: int = Field(
+        default=0,
+        ge=0,
+        le=999_999,
+        description="The job's version: 0 runs it under its plain name, as always; N runs it as `<job>@N`, with groups, "
+        "topics, state and table of its own (`onceflow job deploy` sets it; docs/jobs.md#versions-and-bluegreen).",
+    )
+    partitions: int = Field(
+        default=0,
+        ge=0,
+        le=1024,
+        description="Partitions of the job's own topics when this worker creates them (a rescale: `onceflow job deploy "
+        "--partitions N`); 0: as infra/topics.toml declares. Topics that exist keep theirs.",
+    )
     host: str = host_setting()
     port: int = grpc_port_setting(topology.COMPUTE_SERVICE)
     metrics_port: int = metrics_port_setting(topology.COMPUTE_SERVICE)

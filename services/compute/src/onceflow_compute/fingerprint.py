@@ -154,8 +154,9 @@ def refusal_reason(job: str, verdict: Verdict) -> str:
     return (
         f"job {job!r}: its state was written by an incompatible version of the job "
         f"({'; '.join(verdict.differences)}); this worker consumes nothing and the old table stays served. "
-        f"Deploy the changed job under a new name (its own topics and table), or start the previous "
-        f"version again; reading the old state under new rules would corrupt the table (docs/jobs.md#changing-a-job)"
+        f"Deploy the changed job as a new version beside the live one (`onceflow job deploy MODULE`: its own "
+        f"topics and table, promoted once caught up), or start the previous code again; reading the old state "
+        f"under new rules would corrupt the table (docs/jobs.md#changing-a-job)"
     )
 
 

@@ -4,6 +4,7 @@ ComputeAdmin + health)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -22,7 +23,7 @@ from onceflow.kafka.topics import ensure_topics, job_specs
 from onceflow.runner import on_stop_signals, run_loop_service
 from onceflow.state.store import MemoryStore
 from onceflow.state.stores import Changelog
-from onceflow.topology import Topic, job_topic
+from onceflow.topology import Topic, job_topic, versioned
 from onceflow.txn import TransactionalLoop
 from onceflow.v1 import compute_pb2, compute_pb2_grpc
 
@@ -67,13 +68,20 @@ def merge_stage_for(job: Aggregation | Join, results_topic: str, counts: stats.J
     return MergeStage(job, results_topic, counts)
 
 
-def ensure_job_topics(common: CommonSettings, job: str) -> None:
+def load_deployed_job(settings: ComputeSettings) -> Job:
+    """The job ONCEFLOW_COMPUTE_JOB names, under the name its version runs as (``orders@2``;
+    version 0: its plain name)."""
+    job = jobs.load_job(settings.job)
+    return dataclasses.replace(job, name=versioned(job.name, settings.version)) if settings.version else job
+
+
+def ensure_job_topics(common: CommonSettings, job: str, partitions: int = 0) -> None:
     """The job's own shuffle and state topics (docs/decisions/0018), as topics.toml declares
-    them, so a new job needs no manual step. Retried while the broker is still starting, as the
-    loops' clients would be."""
+    them (or with ``partitions``: a rescaled version), so a new job needs no manual step.
+    Retried while the broker is still starting, as the loops' clients would be."""
     while True:
         try:
-            created = ensure_topics(common.kafka_bootstrap, common.topic_prefix, job_specs(job))
+            created = ensure_topics(common.kafka_bootstrap, common.topic_prefix, job_specs(job, partitions=partitions))
         except (KafkaException, TimeoutError) as exc:
             log.warning("creating the topics of job %s: %s; retrying", job, exc)
             time.sleep(1.0)
@@ -133,7 +141,7 @@ def serve_refusal(settings: ComputeSettings, reason: str) -> int:
     server.start()
     server.set_serving(False)
     stopped.wait()
-    log.info("stopped while refusing the job's state")
+    log.info("stopped while refusing to run its job")
     server.stop(1.0)
     return 0
 
@@ -142,10 +150,10 @@ def build(
     settings: ComputeSettings, job: Job | None = None
 ) -> tuple[list[TransactionalLoop[MemoryStore]], ServiceServer, Engine]:
     common = settings.common
-    job = job or jobs.load_job(settings.job)  # a bad job name fails here, before Spark starts
+    job = job or load_deployed_job(settings)  # a bad job name fails here, before Spark starts
     partials_topic = common.topic(job_topic(Topic.COMPUTE_PARTIALS, job.name))
     if not isinstance(job, Transform):
-        ensure_job_topics(common, job.name)
+        ensure_job_topics(common, job.name, settings.partitions)
     engine = make_engine(settings, job)
     counts = stats.JobCounts()
     windowed = isinstance(job, (Aggregation, Join)) and job.windowed
@@ -238,9 +246,15 @@ def build(
 
 
 def run(settings: ComputeSettings) -> int:
-    job = jobs.load_job(settings.job)
+    try:
+        job = load_deployed_job(settings)
+    except Exception as exc:  # noqa: BLE001 - a user's module may raise anything on import
+        # Up and NOT_SERVING with the reason, not a crash a supervisor restarts in a loop.
+        reason = f"job module {settings.job!r} does not load: {type(exc).__name__}: {exc}"
+        log.error("%s", reason, exc_info=not isinstance(exc, ValueError))
+        return serve_refusal(settings, reason)
     if not isinstance(job, Transform):
-        ensure_job_topics(settings.common, job.name)
+        ensure_job_topics(settings.common, job.name, settings.partitions)
     check = check_job_state(settings, job)
     if check is not None and check.refused:
         return serve_refusal(settings, check.reason())

@@ -1,4 +1,7 @@
-"""The Query service: read the result tables the sink keeps in Redis."""
+"""The Query service: read the result tables the sink keeps in Redis.
+
+A job's plain name reads the version the registry calls live, through its alias (``aliases.py``);
+a version's name (``orders@2``) reads that version. Every reply says which table answered."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import time
 import grpc
 
 from onceflow.admin import MAX_WORKERS, RESERVED_FOR_ADMIN, CallSlots
+from onceflow.topology import split
 from onceflow.v1 import sink_pb2, sink_pb2_grpc
 
 from onceflow_sink.tables import ResultTables
@@ -35,22 +39,34 @@ class QueryServicer(sink_pb2_grpc.QueryServicer):
     def _get(self, request: sink_pb2.GetRowRequest, context: grpc.ServicerContext) -> sink_pb2.GetRowReply:
         if not request.job or not request.key:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "give job and key")
-        value = self._tables.get(request.job, request.key)
-        return sink_pb2.GetRowReply(found=value is not None, value=value or b"")
+        _check_job(request.job, context)
+        table = self._tables.resolve(request.job)
+        value = self._tables.get(table, request.key)
+        return sink_pb2.GetRowReply(found=value is not None, value=value or b"", table=table)
 
     def _scan(self, request: sink_pb2.ScanRowsRequest, context: grpc.ServicerContext) -> sink_pb2.ScanRowsReply:
         if not request.job:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "give job")
         if request.limit > MAX_SCAN:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"limit: {request.limit}, at most {MAX_SCAN}")
+        _check_job(request.job, context)
         try:
-            rows, token = self._tables.scan(
+            page = self._tables.scan_page(
                 request.job, request.prefix, request.limit or 100, request.page_token, deadline=_work_deadline(context)
             )
         except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"page_token: {exc}")
-        return sink_pb2.ScanRowsReply(rows=[sink_pb2.Row(key=k, value=v) for k, v in rows], next_page_token=token)
+        return sink_pb2.ScanRowsReply(
+            rows=[sink_pb2.Row(key=k, value=v) for k, v in page.rows], next_page_token=page.token, table=page.table
+        )
 
+
+def _check_job(job: str, context: grpc.ServicerContext) -> None:
+    """A job's name or a version's (``orders@2``); INVALID_ARGUMENT naming what is wrong."""
+    try:
+        split(job)
+    except ValueError as exc:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
 
 def _work_deadline(context: grpc.ServicerContext) -> float:

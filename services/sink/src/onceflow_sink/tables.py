@@ -18,6 +18,12 @@ Keys (docs/key-layouts.md); one hash tag for all, so one script may touch every 
 - ``onceflow:{<prefix>sink}:partition:<p>`` HASH token, offset (last applied), rejected
 - ``onceflow:{<prefix>sink}:tablemeta:<job>`` HASH fingerprint (the job's state fingerprint of
   the last change applied: docs/decisions/0023)
+- ``onceflow:{<prefix>sink}:alias:<job>`` HASH table (the live version's table name, e.g.
+  ``orders@2``), offset (the ``jobs.registry`` offset that said so): what the job's plain name
+  reads (``aliases.py`` writes it, ``resolve`` reads it)
+
+A version of a job (``orders@2``, onceflow.versions) is a job of its own name here: its own
+table. Query reads a plain name through its alias, if it has one.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from onceflow.state.redis_store import (
     unavailable_on_error,
     wait_for_replicas,
 )
+from onceflow.topology import SEPARATOR, split
 from onceflow.v1.sink_pb2 import ScanPosition
 
 # Scan's work per call (issue 39): each HSCAN step asks for this many fields at least (Redis
@@ -99,6 +106,25 @@ return {'retaken', token, ''}
 """
 
 
+# KEYS: the alias. ARGV: the live version's table ('' : none, the job left the registry), the
+# jobs.registry offset of the record that said so. Written only if that offset is not older than
+# the one stored: a sink stopped (SIGSTOP, a long GC) and resumed with an old view of the
+# registry never moves an alias back. Returns {1 written / 0 refused, the offset Redis holds}.
+_ALIAS = """
+local stored = redis.call('HGET', KEYS[1], 'offset')
+if stored and tonumber(stored) > tonumber(ARGV[2]) then
+  return {0, stored}
+end
+if ARGV[1] == '' then
+  redis.call('HDEL', KEYS[1], 'table')
+else
+  redis.call('HSET', KEYS[1], 'table', ARGV[1])
+end
+redis.call('HSET', KEYS[1], 'offset', ARGV[2])
+return {1, ARGV[2]}
+"""
+
+
 class Outcome(str, Enum):
     APPLIED = "applied"
     CHECKED = "checked"  # a check only: Redis holds what this owner wrote
@@ -123,6 +149,13 @@ class Change:
     fingerprint: str = ""  # the job's state fingerprint ("" from workers that predate them)
 
 
+@dataclass(frozen=True)
+class ScanPage:
+    rows: list[tuple[str, bytes]]
+    token: bytes  # empty: the scan is done
+    table: str  # the table read: the job's alias resolved on the first page, pinned in the token
+
+
 class ResultTables:
     def __init__(self, client: redis.Redis, topic_prefix: str, wait_replicas: int = 0, wait_timeout_ms: int = 1000) -> None:
         self._redis = client
@@ -130,10 +163,17 @@ class ResultTables:
         self._base = f"onceflow:{{{topic_prefix}sink}}"
         self._apply = client.register_script(_APPLY)
         self._retake = client.register_script(_RETAKE)
+        self._alias = client.register_script(_ALIAS)
         self.watch = RedisWatch(client)  # restarts and failovers, for the logs and Status
 
     def table_key(self, job: str) -> str:
         return f"{self._base}:table:{job}"
+
+    def table_meta_key(self, job: str) -> str:
+        return f"{self._base}:tablemeta:{job}"
+
+    def alias_key(self, job: str) -> str:
+        return f"{self._base}:alias:{job}"
 
     def meta_key(self, partition: int) -> str:
         return f"{self._base}:partition:{partition}"
@@ -185,36 +225,78 @@ class ResultTables:
 
     def table_fingerprint(self, job: str) -> str:
         """The state fingerprint of the job whose changes the table last took ("" if none said)."""
-        value = self._redis.hget(f"{self._base}:tablemeta:{job}", "fingerprint")
+        value = self._redis.hget(self.table_meta_key(job), "fingerprint")
         return "" if value is None else decode(value)
 
     def rejected(self, partition: int) -> int:
         return int(self._redis.hget(self.meta_key(partition), "rejected") or 0)
 
-    def get(self, job: str, key: str) -> bytes | None:
-        value = self._redis.hget(self.table_key(job), key)
+    # -- aliases: a job's plain name and its live version --------------------------------------
+
+    def set_alias(self, job: str, table: str, offset: int) -> bool:
+        """Point ``job``'s plain name at ``table`` ('' : at its unversioned table), as the
+        registry record at ``offset`` says; False if Redis holds a newer record's word."""
+        written, _stored = self._alias(keys=[self.alias_key(job)], args=[table, offset])
+        return bool(int(written))
+
+    def alias(self, job: str) -> tuple[str, int] | None:
+        """(table, registry offset) of ``job``'s alias; None if it has none."""
+        fields = self._redis.hmget(self.alias_key(job), ["table", "offset"])
+        table, offset = (decode(value) for value in fields)
+        return (table, int(offset)) if offset else None
+
+    def resolve(self, job: str) -> str:
+        """The table a name reads: a version (``orders@2``) as it is; a plain name its alias'
+        table, or, with no alias (a job never versioned, or none promoted yet), its own."""
+        if SEPARATOR in job:
+            return job
+        table = self._redis.hget(self.alias_key(job), "table")
+        return decode(table) or job
+
+    def drop_table(self, table: str) -> None:
+        """Delete a retired version's rows and meta (its changes are skipped from then on)."""
+        self._redis.delete(self.table_key(table), self.table_meta_key(table))
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def get(self, table: str, key: str) -> bytes | None:
+        value = self._redis.hget(self.table_key(table), key)
         return None if value is None else as_bytes(value)
 
     def scan(
         self, job: str, prefix: str, limit: int, token: bytes = b"", *, deadline: float | None = None,
     ) -> tuple[list[tuple[str, bytes]], bytes]:
+        """``scan_page``'s rows and token (the table it reads is in the token)."""
+        page = self.scan_page(job, prefix, limit, token, deadline=deadline)
+        return page.rows, page.token
+
+    def scan_page(
+        self, job: str, prefix: str, limit: int, token: bytes = b"", *, deadline: float | None = None,
+    ) -> ScanPage:
         """At most ``limit`` rows under ``prefix`` from where ``token`` left off, and the token
         to go on from (empty: done). Rows of an HSCAN step beyond the page go into the token as
         keys, so nothing is skipped and no step is repeated; their values are read when due.
+
+        The first page resolves ``job`` (``resolve``) and the token pins that table: a scan that
+        spans a promotion reads one version throughout, never rows of two.
 
         One call does bounded work, whatever the table and the prefix (issue 39): about
         ``SCAN_EXAMINED_PER_CALL`` fields examined, and no new step once ``deadline``
         (``time.monotonic()``) has passed. A prefix matching nothing in a big table therefore
         answers an empty page with a token, not a scan of the whole table; the client goes on
         from the token. At least one step is taken, so every call makes progress.
-        Raises ``ValueError`` for a token this method did not make."""
+        Raises ``ValueError`` for a token this method did not make, or made for another job."""
         position = _position(token)
+        if position.table:
+            _check_pinned(job, position.table)
+        table = position.table or self.resolve(job)  # tokens made before the pin resolve again
+        table_key = self.table_key(table)
         pending = list(position.pending_keys)
         cursor, done = position.hscan_cursor, position.hscan_done
         rows: list[tuple[str, bytes]] = []
         if pending:
             due, pending = pending[:limit], pending[limit:]
-            values = self._redis.hmget(self.table_key(job), due)
+            values = self._redis.hmget(table_key, due)
             rows.extend((key, as_bytes(value)) for key, value in zip(due, values) if value is not None)
         pattern = _glob_escape(prefix) + "*"
         count = max(limit, SCAN_STEP_COUNT)
@@ -224,7 +306,7 @@ class ResultTables:
             if steps and (steps * count >= SCAN_EXAMINED_PER_CALL or out_of_time):
                 break
             steps += 1
-            cursor, found = self._redis.hscan(self.table_key(job), cursor=cursor, match=pattern, count=count)
+            cursor, found = self._redis.hscan(table_key, cursor=cursor, match=pattern, count=count)
             done = cursor == 0
             if not isinstance(found, dict):  # redis-py types HSCAN's NOVALUES answer (a list) too
                 raise TypeError(f"HSCAN answered a {type(found).__name__}, not field-value pairs")
@@ -233,9 +315,9 @@ class ResultTables:
             rows.extend(step[:room])
             pending = [key for key, _ in step[room:]]
         if done and not pending:
-            return sorted(rows), b""
-        after = ScanPosition(hscan_cursor=cursor, hscan_done=done, pending_keys=pending)
-        return sorted(rows), after.SerializeToString()
+            return ScanPage(sorted(rows), b"", table)
+        after = ScanPosition(hscan_cursor=cursor, hscan_done=done, pending_keys=pending, table=table)
+        return ScanPage(sorted(rows), after.SerializeToString(), table)
 
     def table(self, job: str) -> dict[bytes, bytes]:
         return {as_bytes(key): as_bytes(value) for key, value in self._redis.hgetall(self.table_key(job)).items()}
@@ -246,6 +328,17 @@ def _position(token: bytes) -> ScanPosition:
         return ScanPosition.FromString(token)
     except DecodeError:
         raise ValueError("not a page token this service gave") from None
+
+
+def _check_pinned(job: str, table: str) -> None:
+    """A token's table must be one ``job`` may read: itself when ``job`` names a version, else
+    one of the job's versions or its unversioned table."""
+    try:
+        pinned, _version = split(table)
+    except ValueError:
+        raise ValueError("not a page token this service gave") from None
+    if table != job and (SEPARATOR in job or pinned != job):
+        raise ValueError(f"it continues a scan of table {table!r}, not of job {job!r}")
 
 
 def _glob_escape(text: str) -> str:

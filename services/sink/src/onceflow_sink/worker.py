@@ -9,6 +9,10 @@ Per partition batch:
    change it contributed to is in Redis (docs/decisions/0016). An ack lost to a crash here is
    safe: the tree times out, ingest replays the record, and the dedup gate drops the copy.
 
+A change of a retired job version (``orders@1``: ``aliases.py`` follows the registry) is not
+applied, but its anchor is acked as if it were: the trees behind it end here all the same, and
+its table is gone. A rebuild skips them too: it goes through the same batch code.
+
 On assignment the partition's position comes from Redis (last applied offset + 1); Kafka's
 committed offset only says which letters were already written.
 
@@ -29,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
+from prometheus_client import Counter
 
 from onceflow import acks, faults, metrics
 from onceflow.codec import now_ms
@@ -50,6 +55,10 @@ log = logging.getLogger(__name__)
 
 _OPS = {ResultChange.UPSERT: "+", ResultChange.RETRACT: "-"}
 
+RETIRED_CHANGES = Counter(
+    "onceflow_sink_retired_changes_total", "Result changes of retired job versions, skipped (their anchors acked)"
+)
+
 
 @dataclass
 class Ownership:
@@ -67,6 +76,7 @@ class SinkStats(LoopStats):
 
     acks_lost: int = 0
     redis_repairs: int = 0
+    retired_changes: int = 0  # changes of retired versions, skipped
     last_repair: str = ""
 
 
@@ -76,8 +86,9 @@ class SinkWorker(ConsumerDriver):
 
     def __init__(
         self, common: CommonSettings, loop: LoopSettings, tables: ResultTables, group_id: str, transactional_id: str,
-        acking: bool,
+        acking: bool, retired: Callable[[], frozenset[str]] = frozenset,
     ) -> None:
+        """``retired``: the names of the job versions whose changes are skipped (``orders@1``)."""
         self.stats: SinkStats
         super().__init__(
             name="sink", common=common, settings=loop, input_topic=common.topic(Topic.COMPUTE_RESULTS),
@@ -85,6 +96,7 @@ class SinkWorker(ConsumerDriver):
         )
         self._tables = tables
         self._acking = acking
+        self._retired = retired
         self.topic = self.input_topic
         self._dlq = common.topic(Topic.SINK_DLQ)
         self.owned: dict[int, Ownership] = {}
@@ -192,6 +204,7 @@ class SinkWorker(ConsumerDriver):
         changes: list[Change] = []
         letters: list[tuple[Message, str]] = []
         anchors: list[Anchor] = []
+        retired, skipped = self._retired(), 0
         for record in records:
             try:
                 change = _decode(record.value())
@@ -199,7 +212,10 @@ class SinkWorker(ConsumerDriver):
                 if offset_of(record) >= own.letters_done:
                     letters.append((record, str(exc)))
                 continue
-            changes.append(Change(_OPS[change.op], change.job, change.key, change.value, change.fingerprint))
+            if change.job in retired:
+                skipped += 1  # its table is gone; its anchor is acked below all the same
+            else:
+                changes.append(Change(_OPS[change.op], change.job, change.key, change.value, change.fingerprint))
             if change.HasField("anchor") and offset_of(record) > own.replay_until:
                 anchors.append(change.anchor)
         if letters and not self._write_letters(partition, letters, last):
@@ -210,6 +226,8 @@ class SinkWorker(ConsumerDriver):
             return
         own.applied = last
         self.stats.records_out += len(changes)
+        self.stats.retired_changes += skipped
+        RETIRED_CHANGES.inc(skipped)
         self.stats.records_in += len(records)
         metrics.RECORDS_OUT.labels("sink").inc(len(changes))
         if own.rebuild_started and last >= own.replay_until:

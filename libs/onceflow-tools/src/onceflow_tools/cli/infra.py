@@ -213,7 +213,7 @@ def topics(
     declared = load_specs()
     specs = shared_specs(declared)
     try:
-        created = set(_run("creating topics", lambda: ensure_topics(bootstrap, prefix, specs)))
+        created = set(_run("creating topics", lambda: ensure_topics(bootstrap, prefix, specs, history_retention_ms=common.history_retention_ms)))
     except TopicReplicationError as exc:
         err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None

@@ -48,7 +48,8 @@ def up(timeout: float | None = None, create_topics: bool = True) -> list[Compone
     bootstrap = ",".join(broker.bootstrap for broker in brokers)
     brokers[0].warm_up(timeout, bootstrap)
     if create_topics:
-        ensure_topics(bootstrap, CommonSettings().topic_prefix)
+        common = CommonSettings()
+        ensure_topics(bootstrap, common.topic_prefix, history_retention_ms=common.history_retention_ms)
     settings = InfraSettings()
     spark_timeout = max(timeout, settings.spark_start_timeout_s)
     if settings.spark_cluster == "standalone":

@@ -15,13 +15,14 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 
 from onceflow.config import repo_root
 from onceflow.kafka.clients import plain_config
-from onceflow.topology import JOB_NAME, Topic, job_topic
+from onceflow.topology import Topic, is_topic_slot, job_topic
 
 log = logging.getLogger(__name__)
 
 # Changelogs are restored by reading them from the start, and compaction never touches the
 # active segment: rolling every minute and cleaning at 10% dirty keeps a restore close to one
 # record per key instead of the whole history.
+RETENTION_MS = "retention.ms"
 TIMESTAMP_TYPE = "message.timestamp.type"
 CHANGELOG_CONFIG = {
     "cleanup.policy": "compact",
@@ -130,7 +131,7 @@ def is_declared(name: str, specs: list[TopicSpec]) -> bool:
         stem, _slot, rest = spec.name.partition("{job}")
         if name == spec.name or (
             spec.per_job and name.startswith(stem) and name.endswith(rest)
-            and JOB_NAME.fullmatch(name[len(stem) : len(name) - len(rest)])
+            and is_topic_slot(name[len(stem) : len(name) - len(rest)])
         ):
             return True
     return False
@@ -141,13 +142,16 @@ def shared_specs(specs: list[TopicSpec] | None = None) -> list[TopicSpec]:
     return [s for s in (load_specs() if specs is None else specs) if not s.per_job]
 
 
-def job_specs(job: str, specs: list[TopicSpec] | None = None) -> list[TopicSpec]:
-    """The per-job templates, named for ``job`` (compute.partials.<job>, ...)."""
+def job_specs(job: str, specs: list[TopicSpec] | None = None, partitions: int = 0) -> list[TopicSpec]:
+    """The per-job templates, named for ``job`` (compute.partials.<job>, ...); ``partitions``
+    (a rescaled version's) replaces the declared count of every one of them, since a per-job
+    changelog follows the job's shuffle partition for partition."""
     return [
         dataclasses.replace(
             s,
             name=job_topic(Topic(s.name), job),
             partitions_of=None if s.partitions_of is None else job_topic(Topic(s.partitions_of), job),
+            partitions=partitions or s.partitions,
         )
         for s in (load_specs() if specs is None else specs)
         if s.per_job
@@ -160,7 +164,8 @@ def admin_client(bootstrap: str) -> AdminClient:
 
 
 def ensure_topics(
-    bootstrap: str, prefix: str = "", specs: list[TopicSpec] | None = None, timeout: float = 30.0
+    bootstrap: str, prefix: str = "", specs: list[TopicSpec] | None = None, timeout: float = 30.0,
+    history_retention_ms: int | None = None,
 ) -> list[str]:
     """Create the topics (``prefix`` + name) that do not exist yet (by default the shared ones);
     returns the names created.
@@ -172,6 +177,11 @@ def ensure_topics(
     them at once.
     """
     specs = shared_specs() if specs is None else specs
+    if history_retention_ms is not None:
+        # ONCEFLOW_HISTORY_RETENTION_MS: how far back a job version can rebuild; set on an
+        # existing dedup.records too (the operator's commands pass it; the tests' and the
+        # demo's calls leave an existing topic's retention as it is).
+        specs = [dataclasses.replace(s, retention_ms=history_retention_ms) if s.name == Topic.DEDUP_RECORDS else s for s in specs]
     admin = admin_client(bootstrap)
     metadata = admin.list_topics(timeout=timeout)
     brokers = len(metadata.brokers)
@@ -188,7 +198,7 @@ def ensure_topics(
             "topics exist with fewer replicas than declared (recreate them, or reassign partitions with "
             "kafka-reassign-partitions): " + "; ".join(short)
         )
-    _align_timestamp_types(admin, [s for s in specs if prefix + s.name in metadata.topics], prefix, timeout)
+    _align_configs(admin, [s for s in specs if prefix + s.name in metadata.topics], prefix, timeout, history_retention_ms is not None)
     new = []
     for s in specs:
         if prefix + s.name in metadata.topics:
@@ -214,25 +224,33 @@ def ensure_topics(
     return created
 
 
-def _align_timestamp_types(admin: AdminClient, existing: list[TopicSpec], prefix: str, timeout: float) -> None:
+def _align_configs(admin: AdminClient, existing: list[TopicSpec], prefix: str, timeout: float, retention: bool) -> None:
     """Topics made before their spec declared a timestamp type (ingest.records before
     LogAppendTime) get it now: it changes only the stamps of records appended from here on, and
-    the dedup gate takes either kind, so this is safe on a running pipeline."""
-    declared = {prefix + s.name: s.timestamp_type for s in existing if s.timestamp_type is not None}
+    the dedup gate takes either kind, so this is safe on a running pipeline. With ``retention``,
+    dedup.records gets the history retention asked for (ONCEFLOW_HISTORY_RETENTION_MS)."""
+    declared: dict[str, dict[str, str]] = {}
+    for s in existing:
+        wanted = {TIMESTAMP_TYPE: s.timestamp_type} if s.timestamp_type is not None else {}
+        if retention and s.name == Topic.DEDUP_RECORDS and s.retention_ms is not None:
+            wanted[RETENTION_MS] = str(s.retention_ms)  # the history a version can rebuild from
+        if wanted:
+            declared[prefix + s.name] = wanted
     if not declared:
         return
     resources = [ConfigResource(ResourceType.TOPIC, name) for name in declared]
     for resource, future in admin.describe_configs(resources, request_timeout=timeout).items():
-        current = future.result().get(TIMESTAMP_TYPE)
-        wanted = declared[resource.name]
-        if current is not None and current.value == wanted:
-            continue
-        change = ConfigResource(
-            ResourceType.TOPIC, resource.name,
-            incremental_configs=[ConfigEntry(TIMESTAMP_TYPE, wanted, incremental_operation=AlterConfigOpType.SET)],
-        )
-        admin.incremental_alter_configs([change], request_timeout=timeout)[change].result()
-        log.info("%s: %s set to %s (was %s)", resource.name, TIMESTAMP_TYPE, wanted, current.value if current else "unset")
+        found = future.result()
+        for config, wanted_value in declared[resource.name].items():
+            current = found.get(config)
+            if current is not None and current.value == wanted_value:
+                continue
+            change = ConfigResource(
+                ResourceType.TOPIC, resource.name,
+                incremental_configs=[ConfigEntry(config, wanted_value, incremental_operation=AlterConfigOpType.SET)],
+            )
+            admin.incremental_alter_configs([change], request_timeout=timeout)[change].result()
+            log.info("%s: %s set to %s (was %s)", resource.name, config, wanted_value, current.value if current else "unset")
 
 
 def _all_led(topics: dict, wanted: set[str]) -> bool:  # type: ignore[type-arg]

@@ -1,0 +1,253 @@
+"""Blue/green versions of a job (issue 38 part 3, docs/decisions/0024), on the real broker and
+Redis, compute on the pandas engine and the real sink.
+
+v1 serves under load; v2 (an aggregate added, and its own topics rescaled from 4 to 8
+partitions) is deployed beside it from the earliest record and rebuilt through two kill -9s. A
+promotion is refused while v2 lags and goes through once it has caught up; a reader that keeps
+scanning the job's plain name meanwhile never sees a page of one version and a page of the
+other in one scan. After the promotion the plain name reads v2's table, equal to v2's answer
+over every input record; v1 retires and its topics and table go. The sabotage: a promotion
+forced while a version lags serves a partial table, and the same comparison catches it."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+import pytest
+
+from onceflow.kafka.inspect import partitions_of
+from onceflow.kafka.registry import read_registry
+from onceflow.redis_client import connect
+from onceflow.topology import Topic, job_topic
+from onceflow.v1 import admin_pb2_grpc, sink_pb2, sink_pb2_grpc
+from onceflow.versions import VersionState
+from onceflow_client.tail import ResultsTail
+from onceflow_sink.tables import ResultTables
+from onceflow_tools.jobs import lifecycle, workers
+from onceflow_tools.jobs.lifecycle import JobCommandError
+from tests.conftest import COMPUTE_NOT_UNDER_TEST, SHORT_LIVED_COMPUTE, Pipeline, eventually, free_port
+from tests.harness.process import ServiceProcess
+from tests.test_lifecycle import JOB, V1, V2, _status, expected, produce, readings, sink
+
+pytestmark = [pytest.mark.lifecycle, pytest.mark.compute, pytest.mark.integration]
+
+Records = list[tuple[str, str, int]]
+
+
+def expected_v2(records: Records) -> dict[str, dict[str, object]]:
+    """v2's answer: v1's columns and the average."""
+    return {k: {**row, "avg": row["total"] / row["n"]} for k, row in expected(records).items()}
+
+
+def same_rows(got: dict[str, dict[str, object]], want: dict[str, dict[str, object]]) -> bool:
+    if got.keys() != want.keys():
+        return False
+    for key, row in want.items():
+        other = got[key]
+        if other.keys() != row.keys():
+            return False
+        for column, value in row.items():
+            if isinstance(value, float):
+                if abs(float(other[column]) - value) > 1e-9 * max(1.0, abs(value)):  # type: ignore[arg-type]
+                    return False
+            elif other[column] != value:
+                return False
+    return True
+
+
+def worker(pipe: Pipeline, deployed: lifecycle.Deployed, tag: str) -> ServiceProcess:
+    """The version's worker as `onceflow job deploy --no-start` says to run it."""
+    env = {**deployed.env, "ONCEFLOW_COMPUTE_INSTANCE": f"{deployed.name}-{tag}", "ONCEFLOW_COMPUTE_PORT": str(free_port())}
+    return pipe.process(f"compute-{deployed.name}-{tag}", "onceflow_compute", **env, **SHORT_LIVED_COMPUTE, **COMPUTE_NOT_UNDER_TEST)
+
+
+def scan_all(query: sink_pb2_grpc.QueryStub, job: str, limit: int = 10) -> tuple[set[str], dict[str, dict[str, object]]]:
+    """One whole scan of ``job`` page by page: the tables that answered, and the rows."""
+    tables: set[str] = set()
+    rows: dict[str, dict[str, object]] = {}
+    token = b""
+    while True:
+        reply = query.Scan(sink_pb2.ScanRowsRequest(job=job, limit=limit, page_token=token), timeout=10)
+        tables.add(reply.table)
+        rows.update((row.key, json.loads(row.value)) for row in reply.rows)
+        token = reply.next_page_token
+        if not token:
+            return tables, rows
+
+
+@dataclass
+class Load:
+    """Records sent to dedup.records in small batches until stopped."""
+
+    pipe: Pipeline
+    sent: Records = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        seed = 1_000
+        while not self.stop.wait(0.3):
+            batch = readings(50, seed)
+            produce(self.pipe, batch)
+            self.sent += batch
+            seed += 1
+
+
+@dataclass
+class Reader:
+    """Scans the plain name in a loop; each scan must come from one table, whose rows are that
+    version's shape."""
+
+    query: sink_pb2_grpc.QueryStub
+    scans: int = 0
+    seen: set[str] = field(default_factory=set)
+    mixed: list[str] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            tables, rows = scan_all(self.query, JOB)
+            shapes = {"avg" in row for row in rows.values()}
+            if len(tables) != 1 or len(shapes) > 1:
+                self.mixed.append(f"tables {sorted(tables)}, row shapes {sorted(shapes)}")
+            self.seen |= tables
+            self.scans += 1
+
+
+def background(target: Callable[[], None]) -> threading.Thread:
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_blue_green_rebuild_promote_and_retire_under_load(pipeline: Pipeline) -> None:
+    common = pipeline.common
+    sink_port = free_port()
+    sinker = sink(pipeline, sink_port).start()
+    query = sink_pb2_grpc.QueryStub(grpc.insecure_channel(f"127.0.0.1:{sink_port}"))
+    history = readings(3_000, seed=11)
+    produce(pipeline, history)
+
+    # v1: deployed, built, promoted: the plain name reads it.
+    v1 = lifecycle.deploy(common, V1, start=False)
+    assert v1.name == f"{JOB}@1"
+    live = worker(pipeline, v1, "a").start()
+    lifecycle.promote(common, JOB, 1, wait_s=90)
+    eventually(lambda: same_rows(scan_all(query, JOB)[1], expected(history)), 60, "v1's table behind the plain name")
+
+    load = Load(pipeline)
+    loading = background(load.run)
+
+    # v2: an aggregate added (state v1 cannot take) and 8 partitions instead of 4.
+    v2 = lifecycle.deploy(common, V2, start_from="earliest", partitions=8, start=False)
+    assert v2.name == f"{JOB}@2" and any("builds its own" in note for note in v2.notes), v2.notes
+    with pytest.raises(JobCommandError, match="still a shadow"):
+        lifecycle.deploy(common, V2, start=False)
+    with pytest.raises(JobCommandError, match="still lags"):
+        lifecycle.promote(common, JOB, 2)  # not even started
+    rebuild = worker(pipeline, v2, "a").start()
+    for tag in ("b", "c"):  # kill -9 mid-rebuild, twice: a replacement resumes from what was committed
+        eventually(lambda: lifecycle.status(common, JOB, sample_s=0)[1].map_behind.records < len(history), 60, "v2 to commit")
+        rebuild.kill9()
+        rebuild = worker(pipeline, v2, tag).start()
+    assert len(partitions_of(common, pipeline.topic(job_topic(Topic.COMPUTE_PARTIALS, v2.name)))) == 8
+    assert len(partitions_of(common, pipeline.topic(job_topic(Topic.COMPUTE_CHANGELOG, v2.name)))) == 8
+
+    reader = Reader(query)
+    reading = background(reader.run)
+    lifecycle.promote(common, JOB, 2, wait_s=120)
+    eventually(lambda: reader.seen == {v1.name, v2.name}, 30, "the reader to scan both versions")
+    reader.stop.set()
+    reading.join(30)
+    assert not reader.mixed, reader.mixed[:3]
+    assert reader.scans >= 3
+
+    load.stop.set()
+    loading.join(30)
+    everything = history + load.sent
+    eventually(lambda: not lifecycle.lagging(common, read_registry(common)[JOB], read_registry(common)[JOB].versions[2]), 60, "v2 to drain")
+    tables, rows = scan_all(query, JOB)
+    assert tables == {v2.name}
+    assert same_rows(rows, expected_v2(everything)), "v2's table is not v2's answer over every record"
+    with ResultsTail(common.kafka_bootstrap, JOB, common.topic_prefix) as tail:  # the SDK follows the alias too
+        assert tail.version == v2.name
+        list(tail.changes(idle_timeout_s=1.0))
+        assert same_rows({k: json.loads(v) for k, v in tail.table.items()}, expected_v2(everything))
+
+    # Retire v1: refused while live elsewhere, then its worker stopped, topics and table gone.
+    with pytest.raises(JobCommandError, match="is live"):
+        lifecycle.retire(common, JOB, 2)
+    assert live.terminate() == 0, live.log_tail()
+    deleted = lifecycle.retire(common, JOB, 1)
+    assert f"topic {pipeline.topic(job_topic(Topic.COMPUTE_PARTIALS, v1.name))}" in deleted, deleted
+    tables_in_redis = ResultTables(connect(common.redis_url), common.topic_prefix)
+    eventually(lambda: not tables_in_redis.table(v1.name), 30, "the sink to delete v1's table")
+    assert read_registry(common)[JOB].versions[1].state is VersionState.RETIRED
+
+    # The sabotage: v3 (v1's code again: a reprocess of nothing) promoted at once with --force.
+    v3 = lifecycle.deploy(common, V1, start=False)
+    rebuild3 = worker(pipeline, v3, "a").start()
+    lifecycle.promote(common, JOB, 3, force=True)
+    _tables, partial = scan_all(query, JOB)
+    assert not same_rows(partial, expected(everything)), "a forced promotion served a complete table: the check could not fail"
+    eventually(lambda: same_rows(scan_all(query, JOB)[1], expected(everything)), 90, "v3 to catch up")
+    for process in (rebuild, rebuild3):
+        assert process.terminate() == 0, process.log_tail()
+    assert sinker.terminate() == 0, sinker.log_tail()
+
+
+def test_job_commands_refuse_what_cannot_be_done(pipeline: Pipeline) -> None:
+    common = pipeline.common
+    with pytest.raises(JobCommandError, match="'tests.harness.jobs.no_such_job' does not load: .*No module named"):
+        lifecycle.deploy(common, "tests.harness.jobs.no_such_job", start=False)
+    with pytest.raises(JobCommandError, match="'tests.harness.jobs.broken' does not load: RuntimeError: the config file"):
+        lifecycle.deploy(common, "tests.harness.jobs.broken", start=False)
+    # A worker given that module stays up, NOT_SERVING, saying why: no crash for a supervisor to loop on.
+    port = free_port()
+    broken = pipeline.process(
+        "compute-broken", "onceflow_compute", ONCEFLOW_COMPUTE_JOB="tests.harness.jobs.broken",
+        ONCEFLOW_COMPUTE_PORT=str(port), ONCEFLOW_COMPUTE_METRICS_PORT="0",
+    ).start()
+    admin = admin_pb2_grpc.AdminStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
+    status = eventually(lambda: _status(admin), 60, "the worker to answer Status")
+    assert status.state == "REFUSED" and "'tests.harness.jobs.broken' does not load: RuntimeError" in status.last_error, status
+    assert broken.terminate() == 0, broken.log_tail()
+    with pytest.raises(JobCommandError, match="no job 'sensors' in the registry"):
+        lifecycle.promote(common, JOB, 1)
+    lifecycle.deploy(common, V1, version=5, start=False)
+    with pytest.raises(JobCommandError, match="no version 4"):
+        lifecycle.promote(common, JOB, 4)
+    with pytest.raises(JobCommandError, match="1 to 999999"):
+        lifecycle.version_argument("0")
+    with pytest.raises(JobCommandError, match="no longer holds records that old"):
+        produce(pipeline, readings(10, seed=3))
+        _truncate_all(pipeline)
+        produce(pipeline, readings(10, seed=4))
+        lifecycle.deploy(common, V2, start_from="2001-01-01T00:00:00", start=False)
+    retired = lifecycle.retire(common, JOB, 5)
+    assert any("table" in item for item in retired)
+    with pytest.raises(JobCommandError, match="already retired"):
+        lifecycle.retire(common, JOB, 5)
+    with pytest.raises(JobCommandError, match="retired"):
+        lifecycle.promote(common, JOB, 5)
+    assert workers.running(JOB, 5) == []
+
+
+def _truncate_all(pipe: Pipeline) -> None:
+    """Delete every record of dedup.records so far, as retention would."""
+    from confluent_kafka import TopicPartition
+
+    from onceflow.kafka import clients
+    from onceflow_tools.jobs.positions import stable_ends
+
+    topic = pipe.topic(Topic.DEDUP_RECORDS)
+    ends = stable_ends(pipe.common, topic)
+    admin = clients.admin(pipe.common)
+    futures = admin.delete_records([TopicPartition(topic, p, o) for p, o in ends.items() if o > 0])
+    for future in futures.values():
+        future.result(timeout=30)
+    time.sleep(0.5)
