@@ -168,6 +168,31 @@ def test_ingest_streams_are_capped_in_rejections_messages_and_age(pipeline: Pipe
     assert proc.terminate() == 0, proc.log_tail()
 
 
+# -- item 3: event time from the future ---------------------------------------------------------
+
+
+def test_ingest_refuses_an_event_time_from_the_future_and_takes_one_from_the_past(pipeline: Pipeline) -> None:
+    """One far-future record per partition used to hold every windowed job's watermark there
+    for good. Ingest now refuses it, naming the field; a far-past one is only late, and taken
+    (compute's lateness rule decides what it counts in)."""
+    proc, address = _start(pipeline, "ingest", ONCEFLOW_INGEST_ACKING="false", ONCEFLOW_EVENT_TIME_MAX_AHEAD_MS="60000")
+    stub = ingest_pb2_grpc.IngestStub(grpc.insecure_channel(address))
+    future = int(time.time() * 1000) + 10 * 365 * 86_400_000
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.Ingest(ingest_pb2.IngestRequest(records=[IngestRecord(record_id=b"f", payload=b"p", event_time_ms=future)]), timeout=10)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.value.details().startswith("records[0].event_time_ms: ") and "the limit is 60000" in refused.value.details()
+    past = ingest_pb2.IngestRequest(records=[IngestRecord(record_id=b"p", payload=b"p", event_time_ms=1)])
+    assert stub.Ingest(past, timeout=10).accepted == 1
+    reply = stub.IngestStream(iter([ingest_pb2.IngestRequest(records=[
+        IngestRecord(record_id=b"s0", payload=b"p", event_time_ms=future), IngestRecord(record_id=b"s1", payload=b"p"),
+    ])]), timeout=10)
+    assert reply.accepted == 1 and [(r.index, r.field) for r in reply.rejected] == [(0, "stream[0].event_time_ms")]
+    committed = sorted(checker.record_id(r) for r in checker.read_committed(pipeline.common, pipeline.topic(Topic.INGEST_RECORDS)))
+    assert committed == ["p", "s1"]
+    assert proc.terminate() == 0, proc.log_tail()
+
+
 # -- item 9: Query.Scan's work per call ----------------------------------------------------------
 
 JOB = "hostile"

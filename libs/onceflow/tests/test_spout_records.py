@@ -35,6 +35,15 @@ def test_invalid_records_name_field_and_index(record, field, message):
     assert message in invalid.message
 
 
+def test_event_time_is_bounded_ahead_of_the_taking_clock_only():
+    limits = Limits(max_payload_bytes=100, max_key_bytes=10, max_event_time_ahead_ms=1_000)
+    ahead = check_record(2, IngestRecord(record_id=b"a", event_time_ms=10_001), limits, now_ms=9_000)
+    assert ahead is not None and ahead.field == "records[2].event_time_ms" and "1001 ms ahead" in ahead.message
+    assert check_record(2, IngestRecord(record_id=b"a", event_time_ms=10_000), limits, now_ms=9_000) is None
+    assert check_record(2, IngestRecord(record_id=b"a", event_time_ms=1), limits, now_ms=9_000) is None  # the past: late, not invalid
+    assert check_record(2, IngestRecord(record_id=b"a", event_time_ms=10_001), limits) is None  # no clock given: not checked
+
+
 def test_limits_are_inclusive():
     assert check_record(0, IngestRecord(record_id="é".encode() * 128, payload=b"p" * 100, key=b"k" * 10), LIMITS) is None
 

@@ -85,3 +85,25 @@ def test_a_record_with_an_expired_hopping_window_is_late_in_all_of_them() -> Non
     # 1_400 is in [500, 1500) (expired at 2000) and [1000, 2000) (not yet): late, whole.
     kept, batch = run(gate, stores, [record(1, 1_400), record(2, 2_100)])
     assert kept == ["r2"] and late_ids(batch) == ["r1"]
+
+
+def test_a_record_from_the_future_is_dead_lettered_and_never_moves_event_time() -> None:
+    # Issue 39: one far-future record per partition held the watermark there, persisted, and
+    # every later record of every windowed job went to compute.late, across restarts.
+    now = 1_800_000_000_000
+    gate = EventTimeGate(job(Tumbling(1_000)), 100, Topic.COMPUTE_LATE, PARTIALS, 1, 1, max_ahead_ms=60_000)
+    stores = {0: MemoryStore()}
+
+    def taken_at(offset: int, t: int) -> Message:
+        message = record(offset, t)
+        envelope = Envelope.FromString(message.value())
+        envelope.ingest_time_ms = now
+        return Message(topic=message.topic(), partition=0, offset=offset, key=b"u", value=encode_envelope(envelope))
+
+    kept, batch = run(gate, stores, [taken_at(0, now + 10 * 365 * 86_400_000), taken_at(1, now + 59_000)])
+    assert kept == ["r1"]  # within the bound: taken
+    letters = [DeadLetter.FromString(o.value) for o in batch.outputs if o.topic == Topic.COMPUTE_DLQ]
+    assert len(letters) == 1 and "event time from the future" in letters[0].message and "60000" in letters[0].message
+    assert gate.newest(batch, 0) == now + 59_000  # the future record did not move the partition's event time
+    kept, batch = run(gate, stores, [taken_at(2, now + 58_950)])
+    assert kept == ["r2"] and late_ids(batch) == []

@@ -122,6 +122,15 @@ class CommonSettings(BaseSettings):
         description="Prepended to every topic name (and consumer group, transactional id and Redis key), so several "
         "pipelines, or tests, share one broker.",
     )
+    event_time_max_ahead_ms: int = Field(
+        default=3_600_000,
+        ge=1_000,
+        description="How far a record's event time may be ahead of the clock that takes it in. One record from the "
+        "future would hold every windowed job's watermark there, and every later record would be late: ingest "
+        "refuses it against its own clock (INVALID_ARGUMENT naming `event_time_ms`); compute's map hop dead-letters "
+        "it without moving event time, against the broker's clock (the Kafka source's records, a payload's time "
+        "column). Default 1 hour.",
+    )
     history_retention_ms: int = Field(
         default=604_800_000,
         ge=-1,

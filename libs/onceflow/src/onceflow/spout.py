@@ -36,6 +36,8 @@ class Limits:
     # The whole record as it will be written: a record Kafka would refuse as too large must
     # be refused alone, not fail the transaction it would share with other records.
     max_record_bytes: int = 512 * 1024
+    # Event time at most this far ahead of the taking clock (ONCEFLOW_EVENT_TIME_MAX_AHEAD_MS).
+    max_event_time_ahead_ms: int = 3_600_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +52,11 @@ class Invalid:
         return f"{self.field}: {self.message}"
 
 
-def check_record(index: int, record: IngestRecord, limits: Limits, field_prefix: str = "records") -> Invalid | None:
+def check_record(
+    index: int, record: IngestRecord, limits: Limits, field_prefix: str = "records", now_ms: int | None = None
+) -> Invalid | None:
+    """Why ``record`` cannot be taken, or None. ``now_ms``: the taking clock, against which the
+    event time is bounded (None: not checked)."""
     where = f"{field_prefix}[{index}]"
     record_id = record.record_id
     if not record_id:
@@ -67,6 +73,8 @@ def check_record(index: int, record: IngestRecord, limits: Limits, field_prefix:
         return Invalid(index, f"{where}.key", f"{len(record.key)} bytes, the limit is {limits.max_key_bytes}")
     if record.event_time_ms < 0:
         return Invalid(index, f"{where}.event_time_ms", f"{record.event_time_ms} is negative")
+    if now_ms is not None and record.event_time_ms > now_ms + limits.max_event_time_ahead_ms:
+        return Invalid(index, f"{where}.event_time_ms", event_time_ahead(record.event_time_ms, now_ms, limits.max_event_time_ahead_ms))
     if len(record.headers) > limits.max_headers:
         return Invalid(index, f"{where}.headers", f"{len(record.headers)} headers, the limit is {limits.max_headers}")
     for name, value in record.headers.items():
@@ -77,6 +85,14 @@ def check_record(index: int, record: IngestRecord, limits: Limits, field_prefix:
     if (size := record.ByteSize()) > limits.max_record_bytes:
         return Invalid(index, where, f"{size} bytes in all, the limit is {limits.max_record_bytes}")
     return None
+
+
+def event_time_ahead(event_time_ms: int, now_ms: int, limit_ms: int) -> str:
+    """The reason a record from the future is refused, wherever it is."""
+    return (
+        f"{event_time_ms} is {event_time_ms - now_ms} ms ahead of the clock taking it in, the limit is {limit_ms} "
+        f"(ONCEFLOW_EVENT_TIME_MAX_AHEAD_MS): it would hold every windowed job's watermark there"
+    )
 
 
 def envelope_bytes(record: IngestRecord, ingest_time_ms: int, root_id: int, edge_id: int, attempt: int = 1) -> bytes:

@@ -167,6 +167,7 @@ def build(
             partials_topic,
             len(inspect.partitions_of(common, partials_topic)),
             len(inspect.partitions_of(common, common.topic(Topic.DEDUP_RECORDS))),
+            common.event_time_max_ahead_ms,
         )
     map_stage = MapStage(
         job,

@@ -191,6 +191,9 @@ class DedupGate:
         elif self._ack_mode is AckMode.TERMINAL:
             batch.ack(envelope)
         envelope.edge_id = child_edge
+        # The broker's clock rides along: compute bounds event time against it, whatever the
+        # writing host's clock says (a replay keeps its original's).
+        envelope.first_appended_ms = envelope.first_appended_ms or ingest_time
         out_key = envelope.key if self._rekey and envelope.key else record.key()
         batch.emit(self._output_topic, encode_envelope(envelope), key=out_key)
 

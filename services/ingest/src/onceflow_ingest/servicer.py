@@ -31,7 +31,7 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
         self._committer = committer
         self._limits = Limits(
             settings.max_payload_bytes, settings.max_key_bytes, settings.max_headers, settings.max_header_key_bytes,
-            settings.max_header_value_bytes, settings.max_record_bytes,
+            settings.max_header_value_bytes, settings.max_record_bytes, settings.common.event_time_max_ahead_ms,
         )
         self.accepted = 0
         self._slots = CallSlots(settings.max_concurrent_calls, settings.retry_after_ms)
@@ -62,11 +62,12 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
                 "too_many",
                 f"records: {len(records)} records, the limit per request is {self._settings.max_request_records}",
             )
+        ingest_time = now_ms()
         for index, record in enumerate(records):
-            invalid = check_record(index, record, self._limits)
+            invalid = check_record(index, record, self._limits, now_ms=ingest_time)
             if invalid is not None:
                 self._reject(context, invalid.field.rsplit(".", 1)[-1], str(invalid))
-        envelopes = _envelopes(records, now_ms())
+        envelopes = _envelopes(records, ingest_time)
         commit_id = self._commit(envelopes, context, block_s=0.0, waiter=waiter)
         if waiter is not None:
             self._wait_processed(waiter, commit_id, context)
@@ -122,7 +123,7 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
             envelopes: list[NewRecord] = []
             message_start = index
             for record in request.records:
-                invalid = check_record(index, record, self._limits, field_prefix="stream")
+                invalid = check_record(index, record, self._limits, field_prefix="stream", now_ms=ingest_time)
                 if invalid is None:
                     envelopes.append(new_record(record, ingest_time))
                 else:

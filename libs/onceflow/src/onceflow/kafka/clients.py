@@ -112,5 +112,7 @@ def idempotent_producer(common: CommonSettings, **overrides: Any) -> Producer:
     return Producer(config)
 
 
-def admin(common: CommonSettings) -> AdminClient:
-    return AdminClient({"bootstrap.servers": common.kafka_bootstrap, **_recovery(common)})
+def admin(common: CommonSettings, **overrides: Any) -> AdminClient:
+    # log_level 4: warnings and errors. At 6 every short-lived admin client (a lag check, a
+    # command's lookups) printed librdkafka's notice about its background queue as it was freed.
+    return AdminClient({"bootstrap.servers": common.kafka_bootstrap, "log_level": 4, **_recovery(common), **overrides})

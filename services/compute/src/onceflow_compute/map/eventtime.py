@@ -10,6 +10,16 @@ crashes or which worker reads the partition, so a replayed batch judges every re
 Too-late records go to ``compute.late`` (as dead letters naming the watermark and the window),
 are acked and never reach the job.
 
+A record from the future (its event time more than ``max_ahead_ms`` after the broker first
+appended it to ``ingest.records``: ``Envelope.first_appended_ms``, which the gate stamps; else
+its ingest time) goes to ``compute.dlq`` and
+never moves event time: taken, it would hold the partition's watermark there for good (it is
+persisted), and every later record of the partition would be late (issue 39). Ingest refuses
+such records already (against its own clock, answering its caller); this catches the Kafka
+source's (a user's topic stamped by its producers' clocks: judged here on the broker's clock,
+not the source host's), a time column of the payload, which ingest does not read, and records
+written before the bound existed.
+
 After each batch the hop sends each partition's watermark to every ``compute.partials.<job>``
 partition in the same transaction, so the merge hop knows how far every input has come.
 """
@@ -37,9 +47,11 @@ class EventTimeGate:
         partials_topic: str,
         partials_partitions: int,
         source_partitions: int,
+        max_ahead_ms: int = 3_600_000,
     ) -> None:
         self.job = job
         self.bound_ms = bound_ms
+        self.max_ahead_ms = max_ahead_ms
         self._late_topic = late_topic
         self._partials_topic = partials_topic
         self._partials_partitions = partials_partitions
@@ -65,6 +77,18 @@ class EventTimeGate:
                 newest[partition] = self.newest(batch, partition)
             if time is None:
                 batch.dead_letter(record, f"no event time: {self.job.time_column} is null")
+                batch.ack(envelope)
+                keep.append(False)
+                continue
+            taken_ms = envelope.first_appended_ms or envelope.ingest_time_ms
+            if taken_ms and time > taken_ms + self.max_ahead_ms:
+                batch.dead_letter(
+                    record,
+                    f"event time from the future: {self.job.time_column} {time} is {time - taken_ms} ms after the pipeline "
+                    f"took the record in ({taken_ms}), the limit is {self.max_ahead_ms} "
+                    f"(ONCEFLOW_EVENT_TIME_MAX_AHEAD_MS); taken, it would hold the watermark there and make every later "
+                    f"record late",
+                )
                 batch.ack(envelope)
                 keep.append(False)
                 continue
