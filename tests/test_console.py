@@ -24,6 +24,7 @@ from onceflow.config import CommonSettings, repo_root
 from onceflow.v1 import admin_pb2, admin_pb2_grpc
 from onceflow.v1.ingest_pb2 import IngestRecord
 from onceflow_tools.infra.topics import delete_topics, ensure_topics
+from onceflow_tools.jobs import lifecycle
 from onceflow_tools.verify.supervisor import SERVICES, Supervisor
 from onceflow_tools.workloads import usersum
 from tests.conftest import COMPUTE_NOT_UNDER_TEST, TEST_SESSION_TIMEOUT_MS, eventually
@@ -271,6 +272,16 @@ def test_paging_a_result_table_returns_every_row_once_and_escapes_keys(page: Pag
     response = page.goto("/tables/no-such-job")
     assert response is not None and response.status == 404
     assert "no job named 'no-such-job'" in page.locator("#problem").inner_text()
+
+
+def test_the_tables_page_lists_job_versions_and_a_table_says_which_it_reads(page: Page, running: Running) -> None:
+    common = CommonSettings(topic_prefix=running.supervisor.prefix)
+    lifecycle.deploy(common, "usersum", version=7, start=False)  # registered, never run: a shadow far behind
+    page.goto("/tables")
+    rows = page.locator("#versions tbody tr").all_inner_texts()
+    assert any("usersum@7" in row and "shadow" in row for row in rows), rows
+    page.goto("/tables/usersum")  # no version promoted: the plain name reads its own table
+    assert page.locator("#version").count() == 0
 
 
 def test_a_pause_needs_the_token_and_a_confirmation(page: Page, running: Running, tmp_path: Path) -> None:

@@ -26,10 +26,12 @@ from starlette.templating import Jinja2Templates
 
 from onceflow.admin.tls import ClientTLS
 from onceflow.config import CommonSettings
+from onceflow.kafka.registry import read_registry
 from onceflow_tools.console import graph, grpc_calls, records
 from onceflow_tools.console.grpc_calls import CallFailed
 from onceflow_tools.console.settings import ConsoleSettings
 from onceflow_tools.console.watch import FleetWatch
+from onceflow_tools.jobs import lifecycle
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
@@ -180,7 +182,25 @@ def build(console: Console) -> Starlette:
         if request.query_params.get("job"):  # the "open" form
             return RedirectResponse(f"/tables/{quote(request.query_params['job'], safe='')}", status_code=303)
         known, problem = await _jobs()
-        return page(request, "tables.html", jobs=known, problem=problem)
+        versions, versions_problem = await run_in_threadpool(_versions)
+        return page(request, "tables.html", jobs=known, problem=problem, versions=versions, versions_problem=versions_problem)
+
+    def _versions() -> tuple[list[dict[str, Any]], str]:
+        """Every version in the registry that runs, as `onceflow job status` shows it (no rate:
+        a page load does not wait for a sample)."""
+        try:
+            jobs = sorted(read_registry(console.common, timeout_s=CALL_TIMEOUT_S))
+            rows = []
+            for name in jobs:
+                for status in lifecycle.status(console.common, name, sample_s=0):
+                    rows.append({
+                        "job": name, "name": status.name, "state": status.version.state.value, "live": status.live,
+                        "module": status.version.module, "map_behind": status.map_behind.records,
+                        "merge_behind": "-" if status.merge_behind is None else status.merge_behind.records,
+                    })
+            return rows, ""
+        except Exception as exc:  # noqa: BLE001 - the registry unreadable is a line on the page, not an error page
+            return [], f"job versions: {type(exc).__name__}: {exc}"
 
     async def _jobs() -> tuple[list[dict[str, Any]], str]:
         for address in console.serving("compute"):
@@ -222,7 +242,7 @@ def build(console: Console) -> Starlette:
                 return problem(request, 404, f"no job named {job!r} (compute knows {names})")
         rows = [{"key": r.key, "value": r.value.decode("utf-8", "replace")} for r in reply.rows]
         return page(
-            request, "table.html", job=job, prefix=prefix, limit=limit, rows=rows, first=not token,
+            request, "table.html", job=job, prefix=prefix, limit=limit, rows=rows, first=not token, version=reply.table,
             next_page=_encode_token(reply.next_page_token) if reply.next_page_token else "",
         )
 
