@@ -34,7 +34,8 @@ from onceflow.kafka.registry import read_registry
 from onceflow.topology import COMPUTE_MAP, Topic, versioned
 from onceflow_tools.infra import stack
 from onceflow_tools.infra.topics import delete_topics, ensure_topics
-from onceflow_tools.jobs import lifecycle, positions
+from onceflow.kafka import positions
+from onceflow_tools.jobs import lifecycle
 from onceflow_tools.process import ServiceProcess, free_port, pipeline_service
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

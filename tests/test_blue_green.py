@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 import grpc
 import pytest
 
-from onceflow.kafka.inspect import partitions_of
+from onceflow.kafka.inspect import committed_offsets, partitions_of
+from onceflow.kafka.positions import stable_ends
 from onceflow.kafka.registry import read_registry
 from onceflow.redis_client import connect
-from onceflow.topology import Topic, job_topic
-from onceflow.v1 import admin_pb2_grpc, sink_pb2, sink_pb2_grpc
+from onceflow.topology import COMPUTE_MAP, Topic, job_topic
+from onceflow.v1 import admin_pb2_grpc, jobs_pb2, jobs_pb2_grpc, sink_pb2, sink_pb2_grpc
 from onceflow.versions import VersionState
 from onceflow_client.tail import ResultsTail
 from onceflow_sink.tables import ResultTables
@@ -151,7 +152,7 @@ def test_blue_green_rebuild_promote_and_retire_under_load(pipeline: Pipeline) ->
         lifecycle.promote(common, JOB, 2)  # not even started
     rebuild = worker(pipeline, v2, "a").start()
     for tag in ("b", "c"):  # kill -9 mid-rebuild, twice: a replacement resumes from what was committed
-        eventually(lambda: lifecycle.status(common, JOB, sample_s=0)[1].map_behind.records < len(history), 60, "v2 to commit")
+        eventually(lambda: lifecycle.status(common, JOB, sample_s=0)[1].status.map_behind.records < len(history), 60, "v2 to commit")
         rebuild.kill9()
         rebuild = worker(pipeline, v2, tag).start()
     assert len(partitions_of(common, pipeline.topic(job_topic(Topic.COMPUTE_PARTIALS, v2.name)))) == 8
@@ -235,6 +236,16 @@ def test_job_commands_refuse_what_cannot_be_done(pipeline: Pipeline) -> None:
     with pytest.raises(JobCommandError, match="retired"):
         lifecycle.promote(common, JOB, 5)
     assert workers.running(JOB, 5) == []
+    # --from a time within the history: the version's map group starts at the first record then.
+    time.sleep(0.05)
+    middle = int(time.time() * 1000)
+    time.sleep(0.05)
+    produce(pipeline, readings(10, seed=5))
+    v6 = lifecycle.deploy(common, V2, start_from=str(middle), start=False)
+    topic = pipeline.topic(Topic.DEDUP_RECORDS)
+    starts = committed_offsets(common, COMPUTE_MAP.group_id(common.topic_prefix, v6.name), topic)
+    ends = stable_ends(common, topic)
+    assert sum(ends[p] - starts[p] for p in ends) == 10, (starts, ends)
 
 
 def _truncate_all(pipe: Pipeline) -> None:
@@ -242,7 +253,6 @@ def _truncate_all(pipe: Pipeline) -> None:
     from confluent_kafka import TopicPartition
 
     from onceflow.kafka import clients
-    from onceflow_tools.jobs.positions import stable_ends
 
     topic = pipe.topic(Topic.DEDUP_RECORDS)
     ends = stable_ends(pipe.common, topic)
@@ -251,3 +261,44 @@ def _truncate_all(pipe: Pipeline) -> None:
     for future in futures.values():
         future.result(timeout=30)
     time.sleep(0.5)
+
+
+def test_job_admin_over_grpc_answers_and_refuses_with_precise_statuses(pipeline: Pipeline) -> None:
+    """JobAdmin on the sink's port: the same calls as `onceflow job`, read calls open, changes
+    behind the admin token, each refusal its own status."""
+    common = pipeline.common
+    port = free_port()
+    sinker = pipeline.process(
+        "sink", "onceflow_sink", ONCEFLOW_SINK_PORT=str(port), ONCEFLOW_SINK_METRICS_PORT="0", ONCEFLOW_SINK_INSTANCE="a",
+        ONCEFLOW_SINK_ACKING="false", ONCEFLOW_ADMIN_TOKEN="jobs-token",
+    ).start()
+    address = f"127.0.0.1:{port}"
+    sinker.wait_healthy(address)
+    produce(pipeline, readings(20, seed=9))
+    lifecycle.deploy(common, V1, start=False)  # registered; no worker runs it
+    stub = jobs_pb2_grpc.JobAdminStub(grpc.insecure_channel(address))
+    admin = [("authorization", "Bearer jobs-token")]
+
+    listed = stub.ListVersions(jobs_pb2.ListVersionsRequest(), timeout=10)
+    assert [(j.job, j.live, [(v.name, v.state) for v in j.versions]) for j in listed.jobs] == [(JOB, 0, [(f"{JOB}@1", "shadow")])]
+    progress = stub.VersionStatus(jobs_pb2.VersionStatusRequest(job=JOB), timeout=10).versions
+    assert [(p.version.name, p.map_behind, p.workers) for p in progress] == [(f"{JOB}@1", 20, 0)]
+
+    def refused(call: Callable[[], object]) -> grpc.RpcError:
+        with pytest.raises(grpc.RpcError) as caught:
+            call()
+        return caught.value  # type: ignore[return-value]
+
+    promote = jobs_pb2.PromoteRequest(job=JOB, version=1)
+    assert refused(lambda: stub.Promote(promote, timeout=10)).code() == grpc.StatusCode.UNAUTHENTICATED
+    lags = refused(lambda: stub.Promote(promote, timeout=30, metadata=admin))
+    assert lags.code() == grpc.StatusCode.FAILED_PRECONDITION and "still lags: its map hop is 20 records" in lags.details()
+    missing = refused(lambda: stub.Promote(jobs_pb2.PromoteRequest(job=JOB, version=4), timeout=10, metadata=admin))
+    assert missing.code() == grpc.StatusCode.NOT_FOUND and "no version 4" in missing.details()
+    bad = refused(lambda: stub.Retire(jobs_pb2.RetireRequest(job="no/such", version=1), timeout=10, metadata=admin))
+    assert bad.code() == grpc.StatusCode.INVALID_ARGUMENT
+    forced = stub.Promote(jobs_pb2.PromoteRequest(job=JOB, version=1, force=True), timeout=60, metadata=admin)
+    assert forced.live == f"{JOB}@1"
+    live = refused(lambda: stub.Retire(jobs_pb2.RetireRequest(job=JOB, version=1), timeout=10, metadata=admin))
+    assert live.code() == grpc.StatusCode.FAILED_PRECONDITION and "is live" in live.details()
+    assert sinker.terminate() == 0, sinker.log_tail()

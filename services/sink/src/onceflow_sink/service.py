@@ -1,18 +1,22 @@
 """Composition: settings -> SinkWorker (the shared driver, offsets in Redis) over the result
-tables -> gRPC (Admin + Query + health), run by the lifecycle every consuming service shares;
+tables -> gRPC (Admin + Query + JobAdmin + health), run by the lifecycle every consuming service shares;
 beside the loop, the RegistryFollower (jobs.registry -> the aliases Query reads through, and the
 retired versions the worker skips), started before it and stopped after it."""
 
 from __future__ import annotations
 
+import grpc
+
 from onceflow.admin import ServiceServer
 from onceflow.admin.loop_controls import LoopControls
+from onceflow.config import CommonSettings
 from onceflow.redis_client import connect
 from onceflow.runner import run_loop_service
-from onceflow.v1 import sink_pb2, sink_pb2_grpc
+from onceflow.v1 import jobs_pb2, jobs_pb2_grpc, sink_pb2, sink_pb2_grpc
 
 from onceflow_sink.aliases import RegistryFollower
 from onceflow_sink.config import SinkSettings
+from onceflow_sink.job_admin import JobAdminServicer
 from onceflow_sink.query import QueryServicer
 from onceflow_sink.tables import ResultTables
 from onceflow_sink.worker import SinkWorker
@@ -30,6 +34,11 @@ def gauges(worker: SinkWorker, follower: RegistryFollower) -> dict[str, float]:
     }
 
 
+def add_servicers(server: grpc.Server, common: CommonSettings, tables: ResultTables) -> None:
+    sink_pb2_grpc.add_QueryServicer_to_server(QueryServicer(tables), server)
+    jobs_pb2_grpc.add_JobAdminServicer_to_server(JobAdminServicer(common, tables), server)
+
+
 def run(settings: SinkSettings) -> int:
     common = settings.common
     client = connect(common.redis_url)
@@ -42,8 +51,10 @@ def run(settings: SinkSettings) -> int:
     )
     server = ServiceServer.for_service(
         "sink", settings, LoopControls(worker, lambda: gauges(worker, follower)),
-        add_servicers=lambda server: sink_pb2_grpc.add_QueryServicer_to_server(QueryServicer(tables), server),
-        service_names=(sink_pb2.DESCRIPTOR.services_by_name["Query"].full_name,),
+        add_servicers=lambda server: add_servicers(server, common, tables),
+        service_names=(
+            sink_pb2.DESCRIPTOR.services_by_name["Query"].full_name, jobs_pb2.DESCRIPTOR.services_by_name["JobAdmin"].full_name,
+        ),
     )
     follower.start()
     # A start that replays compute.results (a new Redis, a rebuild) then skips retired versions

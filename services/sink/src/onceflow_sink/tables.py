@@ -178,6 +178,13 @@ class ResultTables:
     def meta_key(self, partition: int) -> str:
         return f"{self._base}:partition:{partition}"
 
+    def applied_offset(self, partition: int) -> int:
+        """The last offset of compute.results applied to ``partition``'s rows (-1: none); read
+        only, no token taken."""
+        with unavailable_on_error(f"sink partition {partition}"):
+            offset = self._redis.hget(self.meta_key(partition), "offset")
+        return -1 if offset is None else int(offset)
+
     def take_ownership(self, partition: int) -> tuple[int, int]:
         """A new owner's first step: the next fencing token, and the last applied offset
         (-1 when none). Whatever Redis holds then is a consistent prefix of compute.results

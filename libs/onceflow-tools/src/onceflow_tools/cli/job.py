@@ -117,15 +117,18 @@ def status(
                 "name": r.name, "state": r.version.state.value, "module": r.version.module, "live": r.live,
                 "from": r.version.start_from, "partitions": r.version.partitions,
                 "map_behind": r.map_behind.records, "merge_behind": None if r.merge_behind is None else r.merge_behind.records,
-                "records_per_s": r.records_per_s, "catch_up_s": r.catch_up_s, "workers": [w.instance for w in r.workers],
+                "records_per_s": r.records_per_s, "catch_up_s": r.catch_up_s, "workers_in_group": r.group_members,
+                "local_workers": [w.instance for w in local.workers],
             }
-            for r in rows
+            for local in rows
+            for r in [local.status]
         ]))
         return
     table = Table()
-    for column in ("version", "state", "module", "from", "map behind", "merge behind", "records/s", "catch up", "local workers"):
+    for column in ("version", "state", "module", "from", "map behind", "merge behind", "records/s", "catch up", "workers (here)"):
         table.add_column(column, overflow="fold")
-    for r in rows:
+    for local in rows:
+        r = local.status
         eta = r.catch_up_s
         table.add_row(
             r.name, r.version.state.value + (" (readers)" if r.live else ""), r.version.module, _start_text(r.version.start_from),
@@ -133,7 +136,7 @@ def status(
             "-" if r.merge_behind is None else str(r.merge_behind.records),
             "-" if r.records_per_s is None else f"{r.records_per_s:,.0f}",
             "caught up" if eta == 0 else ("unknown (not moving)" if eta is None else f"{eta:,.0f} s"),
-            str(len(r.workers)),
+            f"{r.group_members} ({len(local.workers)})",
         )
     console.print(table)
 

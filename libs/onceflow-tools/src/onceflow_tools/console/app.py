@@ -31,7 +31,7 @@ from onceflow_tools.console import graph, grpc_calls, records
 from onceflow_tools.console.grpc_calls import CallFailed
 from onceflow_tools.console.settings import ConsoleSettings
 from onceflow_tools.console.watch import FleetWatch
-from onceflow_tools.jobs import lifecycle
+from onceflow_sink import versions
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
@@ -192,7 +192,7 @@ def build(console: Console) -> Starlette:
             jobs = sorted(read_registry(console.common, timeout_s=CALL_TIMEOUT_S))
             rows = []
             for name in jobs:
-                for status in lifecycle.status(console.common, name, sample_s=0):
+                for status in versions.status(console.common, name, sample_s=0):
                     rows.append({
                         "job": name, "name": status.name, "state": status.version.state.value, "live": status.live,
                         "module": status.version.module, "map_behind": status.map_behind.records,

@@ -48,6 +48,8 @@ READ_METHODS = frozenset(
         "/onceflow.v1.DedupAdmin/Stats",
         "/onceflow.v1.Query/Get",
         "/onceflow.v1.Query/Scan",
+        "/onceflow.v1.JobAdmin/ListVersions",
+        "/onceflow.v1.JobAdmin/VersionStatus",
         "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
         "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
     }

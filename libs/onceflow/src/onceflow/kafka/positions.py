@@ -79,7 +79,8 @@ def _count_committed(common: CommonSettings, topic: str, gaps: Mapping[int, tupl
                 if error is not None:
                     open_partitions.discard(partition)  # end of partition
                     continue
-                if message.offset() >= gaps[partition][1]:
+                offset = message.offset()
+                if offset is None or offset >= gaps[partition][1]:
                     open_partitions.discard(partition)
                     continue
                 counted += 1
