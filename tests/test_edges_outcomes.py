@@ -78,7 +78,8 @@ def gate_stats(address: str) -> dedup_pb2.DedupStatsReply:
 HORIZON = {"BUCKET_MS": "2000", "HORIZON_MS": "8000"}
 
 
-@pytest.fixture(params=["no-replays", "replays"])
+# Replays are opt-in (ADR 0022): their run is in `make test-extended`, to keep the suite's time.
+@pytest.fixture(params=["no-replays", pytest.param("replays", marks=pytest.mark.extended)])
 def outage(request: pytest.FixtureRequest, infra: None, tmp_path: Path) -> Iterator[Supervisor]:
     """The default (trees that time out are not replayed), and Storm's replays switched on, where
     the gate must refuse what it can no longer judge."""
