@@ -50,12 +50,15 @@ def test_one_vectorised_parse_for_clean_payloads_with_metadata_columns() -> None
 @pytest.mark.parametrize(
     ("payload", "reason"),
     [
-        (b'{"user": "a", "amount": "ten"}', "changed from number to string"),
-        (b'{"amount": 3}', "a required field is missing"),
-        (b"[1, 2]", "changed from object to array"),
+        # Issue 45: Arrow's own words were "changed from number to string in row 0", "Invalid value.".
+        (b'{"user": "a", "amount": "ten"}', 'schema violation: field `amount`: expected int64, got a string "ten"'),
+        (b'{"user": "a", "amount": true}', "field `amount`: expected int64, got a boolean true"),
+        (b'{"amount": 3}', "a required field is missing: `user` (string) is missing"),
+        (b'{"user": null, "amount": 3}', "a required field is missing: `user` (string) is null"),
+        (b"[1, 2]", "not a JSON object but an array [1, 2]"),
         (b"", "empty payload"),
         (b'{"user": "a", "amount": 1} {"user": "b", "amount": 2}', "more than one JSON value"),
-        (b"not json", "schema violation"),
+        (b"not json", "schema violation: not JSON: Expecting value: line 1 column 1"),
     ],
 )
 def test_each_bad_payload_is_named_among_good_ones(payload: bytes, reason: str) -> None:

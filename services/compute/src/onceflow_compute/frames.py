@@ -9,6 +9,7 @@ mode's input are parsed here alike.
 from __future__ import annotations
 
 import io
+import json
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -79,6 +80,9 @@ def _parse(lines: list[bytes], options: pj.ParseOptions) -> pa.Table:
     return pj.read_json(io.BytesIO(b"\n".join(lines)), parse_options=options)
 
 
+MORE_THAN_ONE = "the payload holds more than one JSON value"
+
+
 class MoreThanOneValue(ValueError):
     """A payload line that Arrow read as several JSON values."""
 
@@ -90,7 +94,7 @@ def parse_checked(lines: list[bytes], options: pj.ParseOptions) -> tuple[pa.Tabl
     def attempt(start: int, stop: int) -> pa.Table:
         table = _parse(lines[start:stop], options)
         if table.num_rows != stop - start:
-            raise MoreThanOneValue("the payload holds more than one JSON value")
+            raise MoreThanOneValue(MORE_THAN_ONE)
         return table
 
     def reason(exc: Exception) -> str:
@@ -101,10 +105,67 @@ def parse_checked(lines: list[bytes], options: pj.ParseOptions) -> tuple[pa.Tabl
         raise exc
 
     found = bisect(len(lines), attempt, reason)
-    if found.failed or not found.outputs:
+    if found.failed:
+        # Arrow names a row of its own parse and a JSON kind ("Invalid value. in row 0"); the
+        # job's author needs the field, the type wanted and the value found.
+        schema = options.explicit_schema
+        return None, {
+            i: why if why.startswith(MORE_THAN_ONE) else explain(lines[i], schema) or why for i, why in found.failed.items()
+        }
+    if not found.outputs:
         return None, found.failed
     # Parts that parse alone make the whole (a failure of the whole batch but no line's).
     return found.outputs[0] if len(found.outputs) == 1 else pa.concat_tables(found.outputs), {}
+
+
+def explain(line: bytes, schema: pa.Schema | None) -> str | None:
+    """Why one payload does not fit ``schema``, naming the field, the type it wants and what
+    was there; None when no field can be blamed (Arrow's own reason then stands)."""
+    try:
+        value = json.loads(line)
+    except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than Python parses
+        return f"schema violation: not JSON: {exc}"
+    if not isinstance(value, dict):
+        return f"schema violation: not a JSON object but {_kind(value)} {_shown(value)}"
+    for fld in schema or []:
+        found = value.get(fld.name)
+        if found is None:
+            if not fld.nullable:
+                said = "missing" if fld.name not in value else "null"
+                return f"schema violation: a required field is missing: `{fld.name}` ({fld.type}) is {said}"
+            continue
+        if not _fits(fld.type, found):
+            return f"schema violation: field `{fld.name}`: expected {fld.type}, got {_kind(found)} {_shown(found)}"
+    return None
+
+
+def _fits(wanted: pa.DataType, value: object) -> bool:
+    """Whether a JSON value can be read as ``wanted`` (types this check does not know pass)."""
+    if pa.types.is_integer(wanted):
+        return isinstance(value, int) and not isinstance(value, bool)
+    if pa.types.is_floating(wanted) or pa.types.is_decimal(wanted):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if pa.types.is_string(wanted) or pa.types.is_large_string(wanted):
+        return isinstance(value, str)
+    if pa.types.is_boolean(wanted):
+        return isinstance(value, bool)
+    if pa.types.is_timestamp(wanted) or pa.types.is_date(wanted):
+        return isinstance(value, (int, str)) and not isinstance(value, bool)
+    if pa.types.is_list(wanted) or pa.types.is_large_list(wanted):
+        return isinstance(value, list)
+    if pa.types.is_struct(wanted):
+        return isinstance(value, dict)
+    return True
+
+
+def _kind(value: object) -> str:
+    kinds = ((bool, "a boolean"), (int, "a number"), (float, "a number"), (str, "a string"), (list, "an array"), (dict, "an object"))
+    return next((name for kind, name in kinds if isinstance(value, kind)), type(value).__name__)
+
+
+def _shown(value: object) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _reason(exc: Exception) -> str:
