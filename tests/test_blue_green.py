@@ -27,7 +27,7 @@ from onceflow.redis_client import connect
 from onceflow.topology import COMPUTE_MAP, Topic, job_topic
 from onceflow.v1 import admin_pb2_grpc, jobs_pb2, jobs_pb2_grpc, sink_pb2, sink_pb2_grpc
 from onceflow.versions import VersionState
-from onceflow_client.tail import ResultsTail
+from onceflow_client.tail import Change, ResultsTail
 from onceflow_sink.tables import ResultTables
 from onceflow_tools.jobs import lifecycle, workers
 from onceflow_tools.jobs.lifecycle import JobCommandError
@@ -140,6 +140,20 @@ def test_blue_green_rebuild_promote_and_retire_under_load(pipeline: Pipeline) ->
     lifecycle.promote(common, JOB, 1, wait_s=90)
     eventually(lambda: same_rows(scan_all(query, JOB)[1], expected(history)), 60, "v1's table behind the plain name")
 
+    # A tail of the plain name, started on v1: it must move to v2 at the promotion.
+    early_tail = ResultsTail(common.kafka_bootstrap, JOB, common.topic_prefix)
+    assert early_tail.version == v1.name
+    folded: dict[str, bytes] = {}
+
+    def fold(changes: list[Change]) -> None:
+        for change in changes:
+            if change.op == "+":
+                folded[change.key] = change.value
+            else:
+                folded.pop(change.key, None)
+
+    fold(list(early_tail.changes(idle_timeout_s=1.0)))
+
     load = Load(pipeline)
     loading = background(load.run)
 
@@ -178,6 +192,13 @@ def test_blue_green_rebuild_promote_and_retire_under_load(pipeline: Pipeline) ->
         assert tail.version == v2.name
         list(tail.changes(idle_timeout_s=1.0))
         assert same_rows({k: json.loads(v) for k, v in tail.table.items()}, expected_v2(everything))
+    # The tail started on v1 followed the promotion: its table, and the changes it handed out
+    # folded by a consumer that knows only + and -, are v2's whole table.
+    fold(list(early_tail.changes(idle_timeout_s=1.0)))
+    assert early_tail.version == v2.name
+    assert same_rows({k: json.loads(v) for k, v in early_tail.table.items()}, expected_v2(everything))
+    assert same_rows({k: json.loads(v) for k, v in folded.items()}, expected_v2(everything))
+    early_tail.close()
 
     # Retire v1: refused while live elsewhere, then its worker stopped, topics and table gone.
     with pytest.raises(JobCommandError, match="is live"):

@@ -100,6 +100,9 @@ class _Message:
     def error(self) -> None:
         return None
 
+    def topic(self) -> str:
+        return "compute.results"
+
     def partition(self) -> int:
         return self._partition
 
@@ -119,6 +122,7 @@ def _tail_over(messages: list[_Message], interrupt_at: int | None = None) -> Res
     arrives as the table takes that change (the fold is where it can land)."""
     tail = ResultsTail.__new__(ResultsTail)
     tail.job, tail.version, tail.topic, tail.partitions = "j", "j", "compute.results", [0]
+    tail._registry, tail._switch_to = None, None
     tail._positions, tail._at_end = {}, set()
 
     class Table(dict):  # type: ignore[type-arg]

@@ -76,9 +76,11 @@ class ResultsTail:
     topic prefix; None (the default) reads ONCEFLOW_TOPIC_PREFIX, "" when unset.
     ``kafka_config`` adds librdkafka settings (security, ...).
 
-    A job's plain name follows its live version as the registry says when the tail starts
-    (``version`` names it: ``orders@2``); ``orders@2`` follows that version. A tail keeps the
-    version it started with (a promotion meanwhile does not switch it: start a new tail)."""
+    A job's plain name follows its live version (``version`` names it: ``orders@2``), also
+    across a promotion: the tail reads the new version's table to the end, then hands out the
+    difference in one poll (``-`` for a row the new table lacks, ``+`` for one it holds
+    otherwise; partition and offset -1), so ``table`` goes from one whole version to the other
+    and a consumer that folds ``+`` and ``-`` stays exact. ``orders@2`` follows that version only."""
 
     def __init__(
         self, bootstrap: str, job: str, topic_prefix: str | None = None, resume: TailSnapshot | None = None,
@@ -92,7 +94,32 @@ class ResultsTail:
         state = resume or TailSnapshot()
         self.table: dict[str, bytes] = dict(state.table)
         self._positions = dict(state.positions)
-        self._consumer = kafka.Consumer({
+        self._consumer = kafka.Consumer(self._consumer_config(bootstrap, kafka_config))
+        metadata = self._consumer.list_topics(self.topic, timeout=10)
+        topic = metadata.topics.get(self.topic)
+        if topic is None or topic.error is not None or not topic.partitions:
+            self._consumer.close()
+            raise ValueError(f"no topic {self.topic} on {bootstrap}: is the pipeline's topic prefix {topic_prefix!r}?")
+        self.partitions = sorted(topic.partitions)
+        self._config = self._consumer_config(bootstrap, kafka_config)
+        # A plain name follows the registry: the alias, and every promotion after it.
+        self._registry: str | None = None
+        self._registry_positions: dict[int, int] = {}
+        live = job
+        if "@" not in job:
+            registry = f"{topic_prefix}{REGISTRY_TOPIC}"
+            found = self._consumer.list_topics(registry, timeout=10).topics.get(registry)
+            if found is not None and found.error is None and found.partitions:  # else: a pipeline from before versions
+                self._registry = registry
+                live, self._registry_positions = self._read_registry(sorted(found.partitions))
+        self.version = state.version or live
+        self._switch_to = live if live != self.version else None  # resumed on a version no longer live
+        self._assign()
+        self._at_end: set[int] = set()
+
+    @staticmethod
+    def _consumer_config(bootstrap: str, kafka_config: Mapping[str, str] | None) -> dict[str, Any]:
+        return {
             "bootstrap.servers": bootstrap,
             # Never joins it: partitions are assigned by hand and no offset is committed.
             "group.id": f"onceflow-results-tail-{uuid.uuid4().hex}",
@@ -101,30 +128,26 @@ class ResultsTail:
             "enable.partition.eof": True,
             "fetch.wait.max.ms": 100,
             **dict(kafka_config or {}),
-        })
-        metadata = self._consumer.list_topics(self.topic, timeout=10)
-        topic = metadata.topics.get(self.topic)
-        if topic is None or topic.error is not None or not topic.partitions:
-            self._consumer.close()
-            raise ValueError(f"no topic {self.topic} on {bootstrap}: is the pipeline's topic prefix {topic_prefix!r}?")
-        self.partitions = sorted(topic.partitions)
-        self.version = state.version or self._live_version(f"{topic_prefix}{REGISTRY_TOPIC}", job)
-        self._consumer.assign([
-            kafka.TopicPartition(self.topic, p, self._positions.get(p, kafka.OFFSET_BEGINNING)) for p in self.partitions
-        ])
-        self._at_end: set[int] = set()
+        }
 
-    def _live_version(self, registry: str, job: str) -> str:
-        """The name ``job`` reads: itself when versioned or never promoted, else ``job@live``."""
-        if "@" in job:
-            return job
+    def _assign(self) -> None:
         kafka = _kafka()
-        metadata = self._consumer.list_topics(registry, timeout=10).topics.get(registry)
-        if metadata is None or metadata.error is not None or not metadata.partitions:
-            return job  # a pipeline from before versions: no registry, no aliases
-        live = 0
-        self._consumer.assign([kafka.TopicPartition(registry, p, kafka.OFFSET_BEGINNING) for p in metadata.partitions])
-        open_partitions = set(metadata.partitions)
+        assigned = [kafka.TopicPartition(self.topic, p, self._positions.get(p, kafka.OFFSET_BEGINNING)) for p in self.partitions]
+        if self._registry is not None:
+            assigned += [kafka.TopicPartition(self._registry, p, o) for p, o in self._registry_positions.items()]
+        self._consumer.assign(assigned)
+
+    def _live_name(self, value: bytes | None) -> str:
+        live = int(json.loads(value).get("live", 0)) if value else 0
+        return f"{self.job}@{live}" if live else self.job
+
+    def _read_registry(self, partitions: list[int]) -> tuple[str, dict[int, int]]:
+        """The name the job's plain name reads now, and where the registry ends."""
+        kafka = _kafka()
+        assert self._registry is not None
+        live, positions = self.job, {p: 0 for p in partitions}
+        self._consumer.assign([kafka.TopicPartition(self._registry, p, kafka.OFFSET_BEGINNING) for p in partitions])
+        open_partitions = set(partitions)
         deadline = time.monotonic() + 30
         while open_partitions and time.monotonic() < deadline:
             for message in self._consumer.consume(num_messages=500, timeout=1.0):
@@ -133,10 +156,39 @@ class ResultsTail:
                     if error.code() == kafka.KafkaError._PARTITION_EOF:
                         open_partitions.discard(message.partition())
                     continue
-                if message.key() == job.encode():
-                    live = int(json.loads(message.value()).get("live", 0)) if message.value() else 0
+                positions[message.partition()] = message.offset() + 1
+                if message.key() == self.job.encode():
+                    live = self._live_name(message.value())
         self._consumer.unassign()
-        return f"{job}@{live}" if live else job
+        return live, positions
+
+    def _switch(self, name: str) -> list[Change]:
+        """Read ``name``'s table to the end on a consumer of its own, then move to it: the
+        difference from the table held, as changes."""
+        kafka = _kafka()
+        reader = kafka.Consumer(self._config)
+        table: dict[str, bytes] = {}
+        positions: dict[int, int] = {}
+        try:
+            reader.assign([kafka.TopicPartition(self.topic, p, kafka.OFFSET_BEGINNING) for p in self.partitions])
+            waiting = set(self.partitions)
+            while waiting:
+                for message in reader.consume(num_messages=1000, timeout=1.0):
+                    error = message.error()
+                    if error is not None:
+                        if error.code() == kafka.KafkaError._PARTITION_EOF:
+                            waiting.discard(message.partition())
+                            continue
+                        raise RuntimeError(f"reading {self.topic}: {error}")
+                    positions[message.partition()] = message.offset() + 1
+                    _fold(table, ResultChange.FromString(message.value() or b""), name)
+        finally:
+            reader.close()
+        diff = [Change("-", key, b"", -1, -1) for key in self.table if key not in table]
+        diff += [Change("+", key, value, -1, -1) for key, value in table.items() if self.table.get(key) != value]
+        self.table, self.version, self._positions, self._switch_to = table, name, positions, None
+        self._assign()
+        return diff
 
     def close(self) -> None:
         self._consumer.close()
@@ -160,12 +212,21 @@ class ResultsTail:
         ``timeout_s`` for a first one, then takes up to ``most`` of those already fetched
         (``consume(most, timeout)`` alone would hold a quiet topic's change back until the
         timeout)."""
-        changes = []
+        if self._switch_to is not None:
+            return self._switch(self._switch_to)
+        changes: list[Change] = []
         messages = self._consumer.consume(num_messages=1, timeout=timeout_s)
         if messages and most > 1:
             messages += self._consumer.consume(num_messages=most - 1, timeout=0)
         for message in messages:
             error = message.error()
+            if message.topic() == self._registry:
+                if error is None:
+                    self._registry_positions[message.partition()] = message.offset() + 1
+                    if message.key() == self.job.encode() and (live := self._live_name(message.value())) != self.version:
+                        # What follows in this batch is in the new table already (read to the end).
+                        return changes + self._switch(live)
+                continue
             if error is not None:
                 if error.code() == _kafka().KafkaError._PARTITION_EOF:
                     self._at_end.add(message.partition())
@@ -174,11 +235,7 @@ class ResultsTail:
             partition, offset = message.partition(), message.offset()
             self._at_end.discard(partition)
             change = ResultChange.FromString(message.value() or b"")
-            if change.job == self.version and change.op in _OPS:
-                if change.op == ResultChange.UPSERT:
-                    self.table[change.key] = change.value
-                else:
-                    self.table.pop(change.key, None)
+            if _fold(self.table, change, self.version):
                 changes.append(Change(_OPS[change.op], change.key, change.value, partition, offset))
             # The position moves only after the fold: a Ctrl-C between the two leaves a snapshot
             # that folds this change again on resume, which sets or removes the same row (a
@@ -195,6 +252,17 @@ class ResultsTail:
             yield from batch
             if quiet.over(bool(batch), self.caught_up):
                 return
+
+
+def _fold(table: dict[str, bytes], change: ResultChange, name: str) -> bool:
+    """Fold ``change`` into ``table`` if it is ``name``'s; whether it was."""
+    if change.job != name or change.op not in _OPS:
+        return False
+    if change.op == ResultChange.UPSERT:
+        table[change.key] = change.value
+    else:
+        table.pop(change.key, None)
+    return True
 
 
 class _Quiet:
