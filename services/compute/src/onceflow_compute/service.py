@@ -21,6 +21,7 @@ from onceflow.config import CommonSettings
 from onceflow.kafka import inspect
 from onceflow.kafka.topics import ensure_topics, job_specs
 from onceflow.runner import on_stop_signals, run_loop_service
+from onceflow.service_main import EXIT_USAGE
 from onceflow.state.store import MemoryStore
 from onceflow.state.stores import Changelog
 from onceflow.topology import Topic, job_topic, versioned
@@ -249,8 +250,14 @@ def build(
 def run(settings: ComputeSettings) -> int:
     try:
         job = load_deployed_job(settings)
+    except jobs.NoSuchJob as exc:
+        # A setting that names nothing: refused at start like any invalid setting (exit 2, which
+        # supervise does not restart), so `tilt ci` and a deploy fail at once, naming it.
+        log.error("invalid settings: ONCEFLOW_COMPUTE_JOB: %s", exc)
+        return EXIT_USAGE
     except Exception as exc:  # noqa: BLE001 - a user's module may raise anything on import
-        # Up and NOT_SERVING with the reason, not a crash a supervisor restarts in a loop.
+        # Code that exists but fails: up and NOT_SERVING with the reason, not a crash that a
+        # platform restarts in a loop; a fixed module deployed replaces the worker.
         reason = f"job module {settings.job!r} does not load: {type(exc).__name__}: {exc}"
         log.error("%s", reason, exc_info=not isinstance(exc, ValueError))
         return serve_refusal(settings, reason)

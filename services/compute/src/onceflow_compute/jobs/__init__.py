@@ -14,16 +14,23 @@ def builtin_names() -> list[str]:
     return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
 
 
+class NoSuchJob(ValueError):
+    """The name is neither a built-in nor an importable module defining ``job``."""
+
+
 def load_job(name: str) -> Job:
-    """``wordcount`` (built-in) or ``my_pkg.my_job`` (a module with a ``job`` attribute)."""
+    """``wordcount`` (built-in) or ``my_pkg.my_job`` (a module with a ``job`` attribute). A
+    module that exists but raises on import raises that."""
     module_name = name if "." in name else f"{__name__}.{name}"
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
+        if exc.name is not None and not module_name.startswith(exc.name) and not exc.name.startswith(module_name):
+            raise  # the module exists and imports something missing: its own failure, not a bad name
         known = ", ".join(builtin_names())
-        raise ValueError(f"no job {name!r}: not a built-in ({known}) nor an importable module ({exc})") from exc
+        raise NoSuchJob(f"no job {name!r}: not a built-in ({known}) nor an importable module ({exc})") from exc
     job = getattr(module, "job", None)
     if not isinstance(job, (Aggregation, Join, Transform)):
-        raise ValueError(f"module {module_name} has no `job` (an Aggregation, a Join or a Transform)")
+        raise NoSuchJob(f"module {module_name} has no `job` (an Aggregation, a Join or a Transform)")
     check_job_name(job.name)  # it names the job's topics
     return job
