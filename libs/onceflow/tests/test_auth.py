@@ -10,7 +10,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from onceflow.admin import ServiceServer, StatusSnapshot, Tokens, channel
+from onceflow.admin import FixedControls, ServiceServer, Tokens, channel
 from onceflow.admin.auth import OPEN_METHODS, READ_METHODS, Access, TokenAuthInterceptor, access
 from onceflow.config import CommonSettings
 from onceflow.v1 import acker_pb2, admin_pb2, admin_pb2_grpc, compute_pb2, dedup_pb2, ingest_pb2, sink_pb2
@@ -74,17 +74,12 @@ def test_tokens_come_from_files_and_an_unreadable_file_is_a_settings_error(tmp_p
         CommonSettings()
 
 
-class _Idle:
-    def status(self) -> StatusSnapshot:
-        return StatusSnapshot(state="RUNNING")
-
-
 def test_a_real_port_refuses_reads_without_the_read_token_and_the_client_sends_it_from_the_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     for name in ("ONCEFLOW_READ_TOKEN", "ONCEFLOW_ADMIN_TOKEN", "ONCEFLOW_READ_TOKEN_FILE", "ONCEFLOW_ADMIN_TOKEN_FILE"):
         monkeypatch.delenv(name, raising=False)
-    server = ServiceServer(service="acker", instance="t", host="127.0.0.1", port=0, controls=_Idle(), tokens=Tokens("a", "r"))  # type: ignore[arg-type]
+    server = ServiceServer(service="acker", instance="t", host="127.0.0.1", port=0, controls=FixedControls("RUNNING"), tokens=Tokens("a", "r"))
     server.start()
     try:
         with channel(server.address) as chan:
@@ -105,7 +100,7 @@ def test_a_real_port_refuses_reads_without_the_read_token_and_the_client_sends_i
 
 
 def test_a_request_that_does_not_parse_is_invalid_argument_not_internal() -> None:
-    server = ServiceServer(service="acker", instance="t", host="127.0.0.1", port=0, controls=_Idle(), tokens=Tokens("", ""))  # type: ignore[arg-type]
+    server = ServiceServer(service="acker", instance="t", host="127.0.0.1", port=0, controls=FixedControls("RUNNING"), tokens=Tokens("", ""))
     server.start()
     try:
         with channel(server.address) as chan:

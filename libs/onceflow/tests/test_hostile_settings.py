@@ -12,7 +12,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from onceflow import faults, service_main
-from onceflow.admin import ServiceServer, StatusSnapshot, Tokens
+from onceflow.admin import FixedControls, ServiceServer, Tokens
 from onceflow.config import CommonSettings
 from onceflow.txn.producer import open_producer
 from onceflow.v1 import admin_pb2, admin_pb2_grpc
@@ -24,20 +24,6 @@ class _ToySettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ONCEFLOW_TOY_", extra="ignore")  # as the services'
     instance: str = "t"
     common: CommonSettings = Field(default_factory=CommonSettings)
-
-
-class _Idle:
-    def status(self) -> StatusSnapshot:
-        return StatusSnapshot(state="RUNNING")
-
-    def pause(self) -> str:
-        return "PAUSED"
-
-    def resume(self) -> str:
-        return "RUNNING"
-
-    def drain(self, timeout_s: float) -> tuple[str, bool]:
-        return "DRAINED", True
 
 
 @pytest.fixture(autouse=True)
@@ -56,7 +42,7 @@ SEEN: list[str] = []  # the last Status' test_switches
 
 def _status_switches(_settings: _ToySettings) -> int:
     """A service's start as far as its server: the guard, then Status."""
-    server = ServiceServer(service="toy", instance="t", host="127.0.0.1", port=0, controls=_Idle(), tokens=Tokens())
+    server = ServiceServer(service="toy", instance="t", host="127.0.0.1", port=0, controls=FixedControls("RUNNING"), tokens=Tokens())
     server.start()
     try:
         with grpc.insecure_channel(server.address) as channel:

@@ -7,28 +7,15 @@ import grpc
 import pytest
 
 from onceflow import faults
-from onceflow.admin import ServiceServer, StatusSnapshot, Tokens
+from onceflow.admin import FixedControls, ServiceServer, Tokens
 from onceflow.v1 import admin_pb2, admin_pb2_grpc
 
 
 pytestmark = pytest.mark.security
 
-class _Idle:
-    def status(self) -> StatusSnapshot:
-        return StatusSnapshot(state="RUNNING")
-
-    def pause(self) -> str:
-        return "PAUSED"
-
-    def resume(self) -> str:
-        return "RUNNING"
-
-    def drain(self, timeout_s: float) -> tuple[str, bool]:
-        return "DRAINED", True
-
 
 def _server() -> ServiceServer:
-    return ServiceServer(service="acker", instance="t", host="127.0.0.1", port=0, controls=_Idle(), tokens=Tokens())
+    return ServiceServer(service="acker", instance="t", host="127.0.0.1", port=0, controls=FixedControls("RUNNING"), tokens=Tokens())
 
 
 @pytest.fixture(autouse=True)

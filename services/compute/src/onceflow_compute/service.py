@@ -13,8 +13,7 @@ import time
 from confluent_kafka import KafkaException
 
 from onceflow import metrics
-from onceflow.admin import ServiceServer
-from onceflow.admin.server import StatusSnapshot
+from onceflow.admin import FixedControls, ServiceServer
 from onceflow.admin.loop_controls import LoopControls
 from onceflow.codec import now_ms
 from onceflow.config import CommonSettings
@@ -113,29 +112,10 @@ def check_job_state(settings: ComputeSettings, job: Job) -> StateCheck | None:
     return check
 
 
-class RefusedControls:
-    """Admin for a worker that refused its job's state: Status says why, nothing runs."""
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-
-    def status(self) -> StatusSnapshot:
-        return StatusSnapshot(state="REFUSED", last_error=self.reason)
-
-    def pause(self) -> str:
-        return "REFUSED"
-
-    def resume(self) -> str:
-        return "REFUSED"
-
-    def drain(self, timeout_s: float) -> tuple[str, bool]:
-        return "REFUSED", True
-
-
 def serve_refusal(settings: ComputeSettings, reason: str) -> int:
     """Stay up, NOT_SERVING, with the reason in Admin Status, until stopped: no loop, no
     engine, nothing consumed. Exiting instead would make a supervisor restart it in a loop."""
-    server = ServiceServer.for_service("compute", settings, RefusedControls(reason))
+    server = ServiceServer.for_service("compute", settings, FixedControls("REFUSED", reason))
     stopped = threading.Event()
     on_stop_signals(stopped.set)
     metrics.serve(settings.metrics_port, settings.host)

@@ -50,6 +50,27 @@ class AdminControls(Protocol):
     def drain(self, timeout_s: float) -> tuple[str, bool]: ...
 
 
+@dataclass(frozen=True)
+class FixedControls:
+    """Admin for a process that runs no loop (a worker refusing its job, a test's server): Status
+    always says ``state`` and ``last_error``; Pause, Resume and Drain change nothing."""
+
+    state: str
+    last_error: str = ""
+
+    def status(self) -> StatusSnapshot:
+        return StatusSnapshot(state=self.state, last_error=self.last_error)
+
+    def pause(self) -> str:
+        return self.state
+
+    def resume(self) -> str:
+        return self.state
+
+    def drain(self, timeout_s: float) -> tuple[str, bool]:
+        return self.state, True
+
+
 # Server threads kept free of data-plane calls, so health checks and Admin calls are answered
 # however many slow calls (wait=PROCESSED, idle streams, big scans) are open.
 RESERVED_FOR_ADMIN = 8
