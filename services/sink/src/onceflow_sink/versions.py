@@ -199,16 +199,22 @@ def promote(
     return promoted
 
 
-def retire(common: CommonSettings, job: str, version: int) -> list[str]:
-    """Retire a version that is not live and whose workers have stopped: delete its topics and
-    groups; the sink deletes its table when it reads the registry. Returns what was deleted."""
-    record = record_of(common, job)
+def check_retirable(record: JobRecord, version: int) -> None:
+    """Refuse a version that cannot be retired (unknown, live, retired already)."""
     target = version_of(record, version)
-    name = versioned(job, version)
+    name = versioned(record.job, version)
     if record.live == version:
         raise JobCommandError(f"{name} is live: promote another version first; readers would have nothing to read")
     if target.state is VersionState.RETIRED:
         raise JobCommandError(f"{name} is already retired")
+
+
+def retire(common: CommonSettings, job: str, version: int) -> list[str]:
+    """Retire a version that is not live and whose workers have stopped: delete its topics and
+    groups; the sink deletes its table when it reads the registry. Returns what was deleted."""
+    record = record_of(common, job)
+    check_retirable(record, version)
+    name = versioned(job, version)
     groups = [hop.group_id(common.topic_prefix, name) for hop in (COMPUTE_MAP, COMPUTE_MERGE)]
     busy = sum(_members(common, group) for group in groups)
     if busy:

@@ -21,6 +21,7 @@ from onceflow_tools.infra.plumbing import InfraError, tail
 from onceflow_tools.infra.redis import SENTINEL_MASTER, RedisServer
 from onceflow_tools.infra.redis import topology as redis_topology
 from onceflow_tools.infra.settings import InfraSettings
+from onceflow_tools.jobs import workers
 from onceflow_tools.infra.topics import TopicReplicationError, count_brokers, ensure_topics, load_specs, shared_specs
 
 app = typer.Typer(no_args_is_help=True, help="Local Kafka (KRaft), Redis and, if asked, a Spark cluster on 127.0.0.1.")
@@ -150,7 +151,11 @@ def up(
 
 @app.command()
 def down() -> None:
-    """Stop Kafka and every Redis (data is kept; delete .onceflow/ to start over)."""
+    """Stop the job versions' workers `onceflow job deploy` started here, then Kafka and every
+    Redis (data is kept; delete .onceflow/ to start over)."""
+    versions = workers.stop_all()
+    if versions:
+        out.print(f"stopped the workers of {', '.join(versions)} (`onceflow job deploy` started them here)")
     stopped = _run("stopping", stack.down)
     out.print(f"stopped {', '.join(stopped)}" if stopped else "nothing was running")
 

@@ -15,6 +15,7 @@ from rich.table import Table
 from onceflow.config import CommonSettings
 from onceflow.kafka.registry import ConcurrentChange, read_registry
 from onceflow.topology import versioned
+from onceflow_sink.versions import check_retirable, record_of
 from onceflow_tools.cli.options import full_width_console
 from onceflow_tools.jobs import lifecycle
 from onceflow_tools.jobs.lifecycle import EARLIEST, JobCommandError
@@ -177,6 +178,7 @@ def retire(
     with _refusals():
         number = lifecycle.version_argument(version)
         name = versioned(job, number)
+        check_retirable(record_of(common, job), number)  # a refusal before the question, not after
         if not yes and not typer.confirm(f"stop {name} and delete its topics, groups and table?"):
             raise typer.Exit(1)
         deleted = lifecycle.retire(common, job, number)

@@ -218,7 +218,7 @@ def promote(
 
 def retire(common: CommonSettings, job: str, version: int) -> list[str]:
     """Stop the version's workers started here, then retire it (``versions.retire``)."""
-    versions.version_of(versions.record_of(common, job), version)  # a bad name or version: refused before stopping anything
+    versions.check_retirable(versions.record_of(common, job), version)  # refused before stopping anything
     stopped = workers.stop(job, version)
     deleted = versions.retire(common, job, version)
     return ([f"{len(stopped)} local worker(s) stopped"] if stopped else []) + deleted

@@ -88,6 +88,17 @@ def stop(job: str, version: int, timeout_s: float = 60.0) -> list[Worker]:
     return workers
 
 
+def stop_all(timeout_s: float = 60.0) -> list[str]:
+    """Every version's workers started on this machine (`onceflow infra down` stops them before
+    the broker they would keep retrying); the names of the versions stopped."""
+    stopped = []
+    for path in sorted((runtime_dir() / "jobs").glob("*/workers.json")):
+        job, _sep, version = path.parent.name.partition("@")
+        if version.isdigit() and stop(job, int(version), timeout_s):
+            stopped.append(path.parent.name)
+    return stopped
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
