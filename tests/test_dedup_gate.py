@@ -75,7 +75,7 @@ class Harness:
     def __init__(self, client: redis.Redis, prefix: str, ack_mode: AckMode = AckMode.FORWARD, use_filters: bool = True) -> None:
         self.client = client
         self.prefix = prefix
-        self.gate = DedupGate(Topic.DEDUP_RECORDS, ack_mode, rekey=True)
+        self.gate = DedupGate("", ack_mode, rekey=True)
         self.stores = Stores({0: exact.DedupStore(client, prefix, 0, SPEC, use_filters=use_filters)})
         self.offset = 0
 

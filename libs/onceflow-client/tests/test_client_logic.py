@@ -28,6 +28,16 @@ def test_a_dict_a_json_record_and_a_protobuf_are_the_same_record() -> None:
     assert to_record(expected) is expected
 
 
+def test_a_record_is_in_the_clients_stream_unless_it_names_its_own() -> None:
+    assert to_record({"record_id": "a"}, "orders").stream == b"orders"
+    assert to_record({"record_id": "a", "stream": "payments"}, "orders").stream == b"payments"
+    assert to_record({"record_id": "a"}).stream == b""
+    proto = IngestRecord(record_id=b"a")
+    assert to_record(proto, "orders").stream == b"orders" and proto.stream == b""  # the caller's is left alone
+    named = IngestRecord(record_id=b"a", stream=b"payments")
+    assert to_record(named, "orders") is named
+
+
 @given(st.binary(min_size=1, max_size=64), st.binary(max_size=64), st.binary(max_size=256))
 def test_bytes_fields_pass_through_unchanged(record_id: bytes, key: bytes, payload: bytes) -> None:
     record = to_record({"record_id": record_id, "key": key, "payload": payload})

@@ -49,17 +49,21 @@ def test_limits_are_inclusive():
 
 
 @given(
-    record_id=st.text(min_size=1).filter(lambda s: len(s.encode()) <= 256),
+    record_id=st.text(st.characters(blacklist_characters="\x00"), min_size=1).filter(lambda s: len(s.encode()) <= 256),
     payload=st.binary(max_size=100),
     key=st.binary(max_size=10),
     event_time_ms=st.integers(min_value=0, max_value=2**62),
     headers=st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=3),
+    stream=st.sampled_from(["", "default", "orders"]),
 )
-def test_record_bytes_plus_added_fields_parse_as_the_envelope(record_id, payload, key, event_time_ms, headers):
-    record = IngestRecord(record_id=record_id.encode(), payload=payload, key=key, event_time_ms=event_time_ms, headers=headers)
+def test_record_bytes_plus_added_fields_parse_as_the_envelope(record_id, payload, key, event_time_ms, headers, stream):
+    record = IngestRecord(
+        record_id=record_id.encode(), payload=payload, key=key, event_time_ms=event_time_ms, headers=headers, stream=stream.encode()
+    )
     assert check_record(0, record, LIMITS) is None
     envelope = decode_envelope(envelope_bytes(record, ingest_time_ms=1234, root_id=5, edge_id=6, attempt=2))
     assert (envelope.record_id, envelope.key, envelope.payload, dict(envelope.headers)) == (record_id, key, payload, headers)
+    assert envelope.stream == stream
     assert envelope.attempt == 2
     assert envelope.ingest_time_ms == 1234
     assert envelope.event_time_ms == (event_time_ms or 1234)

@@ -30,7 +30,12 @@ def clusters(monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple[str, set[str]]]
 
     monkeypatch.setattr(service, "AdminClient", FakeAdmin)
     monkeypatch.setattr(service.clients, "admin", lambda common: FakeAdmin({"bootstrap.servers": common.kafka_bootstrap}))
-    monkeypatch.setattr(service, "_cluster_id", lambda admin, where: known[admin.bootstrap])
+    def cluster_id(admin: FakeAdmin, where: str) -> tuple[str, set[str]]:
+        cluster, topics = known[admin.bootstrap]
+        # The pipeline's cluster holds its streams' topics (the default one's, and "orders"').
+        return cluster, topics | ({"dedup.records", "dedup.records.orders"} if admin.bootstrap == PIPELINE else set())
+
+    monkeypatch.setattr(service, "_cluster_id", cluster_id)
     return known
 
 
@@ -63,6 +68,15 @@ def test_another_address_of_the_pipelines_own_cluster_is_the_same_cluster(cluste
     assert service.check_source(settings(topic="orders", bootstrap="localhost:9")) is None
     assert service.check_source(settings(topic="orders", bootstrap=PIPELINE)) is None
     assert service.check_source(settings(topic="orders")) is None
+
+
+def test_a_stream_that_does_not_exist_or_cannot_is_refused(clusters: dict) -> None:
+    clusters[PIPELINE] = ("pipeline-id", {"src"})
+    assert service.check_source(settings(topic="src", stream="orders")) is None
+    with pytest.raises(service.SourceRefused, match="no stream 'ordres'.*onceflow stream create ordres"):
+        service.check_source(settings(topic="src", stream="ordres"))
+    with pytest.raises(service.SourceRefused, match="ONCEFLOW_SOURCE_STREAM: stream name 'a.b'"):
+        service.check_source(settings(topic="src", stream="a.b"))
 
 
 def test_a_missing_topic_is_refused(clusters: dict) -> None:

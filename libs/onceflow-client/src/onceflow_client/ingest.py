@@ -105,10 +105,10 @@ def _retry_after_s(exc: grpc.RpcError) -> float:
     return 0.0
 
 
-def _request(records: Iterable[RecordLike], wait: Wait) -> ingest_pb2.IngestRequest:
+def _request(records: Iterable[RecordLike], wait: Wait, stream: str = "") -> ingest_pb2.IngestRequest:
     if wait not in _WAIT:
         raise ValueError(f"wait: {wait!r}, want 'committed' or 'processed'")
-    return ingest_pb2.IngestRequest(records=[to_record(r) for r in records], wait=_WAIT[wait])
+    return ingest_pb2.IngestRequest(records=[to_record(r, stream) for r in records], wait=_WAIT[wait])
 
 
 def _stream_result(reply: ingest_pb2.IngestReply, sent: Sequence[IngestRecord]) -> ingest_pb2.IngestReply:
@@ -124,8 +124,12 @@ class IngestClient:
     """Blocking. ``ingest`` sends one batch (one transaction); ``stream`` sends many batches on
     one call. Both retry retriable failures with the same records."""
 
-    def __init__(self, address: str, policy: RetryPolicy | None = None, tls: ClientTLS | None = None) -> None:
+    def __init__(
+        self, address: str, policy: RetryPolicy | None = None, tls: ClientTLS | None = None, stream: str = ""
+    ) -> None:
         self.address = address
+        # The named stream records belong to unless one names its own (docs/decisions/0025).
+        self.record_stream = stream
         self.policy = policy or RetryPolicy()
         self._channel = sync_channel(address, tls)
         self._stub = ingest_pb2_grpc.IngestStub(self._channel)
@@ -144,7 +148,7 @@ class IngestClient:
         """Returns once every record is committed to ingest.records, or with ``wait="processed"``
         once each one's tuple tree completed. Raises RecordsRejected for invalid records (nothing
         written), else the last grpc.RpcError when attempts run out or a code is not retriable."""
-        request = _request(records, wait)
+        request = _request(records, wait, self.record_stream)
         retries = _Retries(self.policy)
         while True:
             try:
@@ -159,7 +163,7 @@ class IngestClient:
         """Many batches on one call (each committed as ingest batches it). The batches are held
         so that a failed stream can be sent again whole; the gate drops what the first try wrote.
         Invalid records are refused one by one (RecordsRejected, raised after the rest committed)."""
-        requests = [_request(batch, "committed") for batch in batches]
+        requests = [_request(batch, "committed", self.record_stream) for batch in batches]
         sent = [record for request in requests for record in request.records]
         retries = _Retries(self.policy)
         while True:
@@ -175,8 +179,12 @@ class AsyncIngestClient:
     """The same for asyncio (grpc.aio): ``await client.ingest(records)``; many calls may be in
     flight on one client."""
 
-    def __init__(self, address: str, policy: RetryPolicy | None = None, tls: ClientTLS | None = None) -> None:
+    def __init__(
+        self, address: str, policy: RetryPolicy | None = None, tls: ClientTLS | None = None, stream: str = ""
+    ) -> None:
         self.address = address
+        # The named stream records belong to unless one names its own (docs/decisions/0025).
+        self.record_stream = stream
         self.policy = policy or RetryPolicy()
         self._channel = aio_channel(address, tls)
         self._stub = ingest_pb2_grpc.IngestStub(self._channel)
@@ -192,7 +200,7 @@ class AsyncIngestClient:
         await self.close()
 
     async def ingest(self, records: Iterable[RecordLike], wait: Wait = "committed") -> ingest_pb2.IngestReply:
-        request = _request(records, wait)
+        request = _request(records, wait, self.record_stream)
         retries = _Retries(self.policy)
         while True:
             try:
@@ -207,7 +215,7 @@ class AsyncIngestClient:
         """As IngestClient.stream; an async iterable of batches is read whole first."""
         if isinstance(batches, AsyncIterable):
             batches = [batch async for batch in batches]
-        requests = [_request(batch, "committed") for batch in batches]
+        requests = [_request(batch, "committed", self.record_stream) for batch in batches]
         sent = [record for request in requests for record in request.records]
         retries = _Retries(self.policy)
         while True:

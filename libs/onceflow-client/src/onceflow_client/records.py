@@ -1,6 +1,7 @@
 """What a client may send: an IngestRecord, a dict, or the JSON bytes of one. A dict has
 ``record_id`` (the id the gate deduplicates on: the same record sent again must carry the same
-one), and optionally ``key``, ``payload``, ``event_time_ms`` and ``headers``. A payload that is a
+one), and optionally ``key``, ``payload``, ``event_time_ms``, ``headers`` and ``stream`` (the
+named stream it belongs to; docs/decisions/0025). A payload that is a
 dict or list is sent as JSON; one that is a str, as its UTF-8."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any, Union
 from onceflow.v1.ingest_pb2 import IngestRecord
 
 RecordLike = Union[IngestRecord, Mapping[str, Any], bytes]
-_FIELDS = {"record_id", "key", "payload", "event_time_ms", "headers"}
+_FIELDS = {"record_id", "key", "payload", "event_time_ms", "headers", "stream"}
 
 
 def _bytes(name: str, value: Any) -> bytes:
@@ -25,9 +26,15 @@ def _bytes(name: str, value: Any) -> bytes:
     raise TypeError(f"{name}: want str or bytes{' (or a dict or list, sent as JSON)' if name == 'payload' else ''}, got {type(value).__name__}")
 
 
-def to_record(value: RecordLike) -> IngestRecord:
-    """One record to send; raises TypeError or ValueError naming the field that is wrong."""
+def to_record(value: RecordLike, stream: str = "") -> IngestRecord:
+    """One record to send, in ``stream`` unless it names its own; raises TypeError or ValueError
+    naming the field that is wrong."""
     if isinstance(value, IngestRecord):
+        if stream and not value.stream:
+            named = IngestRecord()
+            named.CopyFrom(value)
+            named.stream = stream.encode()
+            return named
         return value
     if isinstance(value, (bytes, bytearray)):
         try:
@@ -55,4 +62,5 @@ def to_record(value: RecordLike) -> IngestRecord:
         payload=_bytes("payload", value.get("payload", b"")),
         event_time_ms=event_time,
         headers=dict(headers),
+        stream=_bytes("stream", value.get("stream") or stream),
     )

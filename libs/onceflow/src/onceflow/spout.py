@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from confluent_kafka import KafkaError, Message
 
-from onceflow import acks
+from onceflow import acks, streams
 from onceflow.codec import new_id
 from onceflow.kafka.records import offset_of, partition_of
 from onceflow.v1.acker_pb2 import RecordRef
@@ -53,10 +53,12 @@ class Invalid:
 
 
 def check_record(
-    index: int, record: IngestRecord, limits: Limits, field_prefix: str = "records", now_ms: int | None = None
+    index: int, record: IngestRecord, limits: Limits, field_prefix: str = "records", now_ms: int | None = None,
+    stream_exists: Callable[[str], bool] | None = None,
 ) -> Invalid | None:
     """Why ``record`` cannot be taken, or None. ``now_ms``: the taking clock, against which the
-    event time is bounded (None: not checked)."""
+    event time is bounded (None: not checked). ``stream_exists``: whether a stream exists (None:
+    not checked; a spout whose stream is a setting checks it once, at start)."""
     where = f"{field_prefix}[{index}]"
     record_id = record.record_id
     if not record_id:
@@ -67,6 +69,13 @@ def check_record(
         record_id.decode("utf-8")
     except UnicodeDecodeError as exc:
         return Invalid(index, f"{where}.record_id", f"not valid UTF-8 (byte {exc.start})")
+    if b"\x00" in record_id:
+        # The gate's key for a named stream's record is "stream NUL record_id" (onceflow.streams).
+        return Invalid(index, f"{where}.record_id", f"holds a NUL byte (at byte {record_id.index(0)}), which is reserved")
+    if record.stream and not streams.STREAM_NAME.fullmatch(record.stream.decode("ascii", "replace")):
+        return Invalid(index, f"{where}.stream", f"{record.stream[:120]!r}: 1 to 100 of A-Z, a-z, 0-9, '_' and '-'")
+    if stream_exists is not None and not stream_exists(record.stream.decode()):
+        return Invalid(index, f"{where}.stream", streams.missing_stream(record.stream.decode()))
     if len(record.payload) > limits.max_payload_bytes:
         return Invalid(index, f"{where}.payload", f"{len(record.payload)} bytes, the limit is {limits.max_payload_bytes}")
     if len(record.key) > limits.max_key_bytes:

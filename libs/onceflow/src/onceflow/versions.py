@@ -38,6 +38,7 @@ class Version:
     fingerprint: str = ""
     note: str = ""  # why it was deployed: "reprocess", "rescale to 8", ...
     kind: str = ""  # the job's kind: "aggregation", "join", "transform" (a transform has no merge hop)
+    stream: str = ""  # the stream it reads ("": the default; onceflow.streams)
 
     @property
     def running(self) -> bool:

@@ -52,6 +52,11 @@ class ComputeSettings(BaseSettings):
         description="The job's version: 0 runs it under its plain name, as always; N runs it as `<job>@N`, with groups, "
         "topics, state and table of its own (`onceflow job deploy` sets it; docs/jobs.md#versions-and-bluegreen).",
     )
+    create_stream: bool = Field(
+        default=False,
+        description="Create the stream the job reads when it does not exist (an operator's choice, as `onceflow stream "
+        "create`); false: a job naming a missing stream is refused at start (exit 2), naming it.",
+    )
     partitions: int = Field(
         default=0,
         ge=0,

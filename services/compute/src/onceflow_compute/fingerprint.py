@@ -6,7 +6,7 @@ Pure: no Kafka, no Redis. The description is a JSON object, stored whole with th
 changelog's reserved key, the sink's table meta keeps the hash), so a refusal can name the
 difference instead of two hashes.
 
-What is in it: the kind, the job's name, the key, the input schema (each field's name, type and
+What is in it: the kind, the job's name, its stream (when not the default), the key, the input schema (each field's name, type and
 nullability); per aggregate its name, type, column and, for a ``Combine``, the combiner's class
 (``module.qualname``: its identity); the window, trigger, accumulation, allowed lateness and
 time column; a join's side ids and kind. What is not: the doc string and the code of
@@ -23,6 +23,8 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from onceflow import streams
 
 from onceflow_compute.api import Aggregation, Job, Join, JSONValue
 from onceflow_compute.api.aggregates import Aggregate, Combine
@@ -43,6 +45,10 @@ def describe(job: Job) -> Description:
         "key": job.key,
         "schema": [[f.name, str(f.type), f.nullable] for f in job.schema],
     }
+    if streams.canonical(job.stream):
+        # Another stream's records are other state; the default stream's jobs keep the
+        # description they were fingerprinted with before streams existed.
+        out["stream"] = job.stream
     if isinstance(job, Aggregation):
         out.update(
             aggregates=[_aggregate(a) for a in job.aggregates],

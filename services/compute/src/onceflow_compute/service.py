@@ -12,7 +12,7 @@ import time
 
 from confluent_kafka import KafkaException
 
-from onceflow import metrics
+from onceflow import metrics, streams
 from onceflow.admin import FixedControls, ServiceServer
 from onceflow.admin.loop_controls import LoopControls
 from onceflow.codec import now_ms
@@ -91,6 +91,24 @@ def ensure_job_topics(common: CommonSettings, job: str, partitions: int = 0) -> 
         return
 
 
+def find_stream(settings: ComputeSettings, job: Job) -> bool:
+    """Whether the job's stream exists (created first if the operator asked for that: it never
+    is by a misspelt name alone); asked again while the broker does not answer. Logs what the
+    job will read before it reads it."""
+    common = settings.common
+    while True:
+        try:
+            if settings.create_stream and streams.create(common, job.stream):
+                log.info("created stream %s (ONCEFLOW_COMPUTE_CREATE_STREAM)", streams.display(job.stream))
+            if not streams.lookup(common, job.stream):
+                return False
+            log.info("job %s reads %s", job.name, streams.reading(common, job.stream, settings.group_id(job.name, "map")))
+            return True
+        except (KafkaException, TimeoutError) as exc:
+            log.warning("looking up stream %s: %s; retrying", streams.display(job.stream), exc)
+            time.sleep(1.0)
+
+
 def check_job_state(settings: ComputeSettings, job: Job) -> StateCheck | None:
     """Before anything is consumed: does the job's stored state fit the loaded job
     (docs/decisions/0023)? None for a transform (no state)."""
@@ -133,6 +151,7 @@ def build(
     common = settings.common
     job = job or load_deployed_job(settings)  # a bad job name fails here, before Spark starts
     partials_topic = common.topic(job_topic(Topic.COMPUTE_PARTIALS, job.name))
+    input_topic = common.topic(streams.topic_of(job.stream))  # the job's stream: no other stream's records
     if not isinstance(job, Transform):
         ensure_job_topics(common, job.name, settings.partitions)
     engine = make_engine(settings, job)
@@ -147,7 +166,7 @@ def build(
             common.topic(Topic.COMPUTE_LATE),
             partials_topic,
             len(inspect.partitions_of(common, partials_topic)),
-            len(inspect.partitions_of(common, common.topic(Topic.DEDUP_RECORDS))),
+            len(inspect.partitions_of(common, input_topic)),
             common.event_time_max_ahead_ms,
         )
     map_stage = MapStage(
@@ -164,7 +183,7 @@ def build(
         stage=map_stage,
         common=common,
         settings=settings.map_loop,
-        input_topic=common.topic(Topic.DEDUP_RECORDS),
+        input_topic=input_topic,
         group_id=settings.group_id(job.name, "map"),
         transactional_id=settings.transactional_id(job.name, "map"),
         dlq_topic=common.topic(Topic.COMPUTE_DLQ),
@@ -241,6 +260,9 @@ def run(settings: ComputeSettings) -> int:
         reason = f"job module {settings.job!r} does not load: {type(exc).__name__}: {exc}"
         log.error("%s", reason, exc_info=not isinstance(exc, ValueError))
         return serve_refusal(settings, reason)
+    if not find_stream(settings, job):
+        log.error("invalid settings: job %s reads %s", job.name, streams.missing_stream(job.stream))
+        return EXIT_USAGE
     if not isinstance(job, Transform):
         ensure_job_topics(settings.common, job.name, settings.partitions)
     check = check_job_state(settings, job)

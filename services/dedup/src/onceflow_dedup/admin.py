@@ -8,6 +8,7 @@ from collections.abc import Callable
 import grpc
 import redis
 
+from onceflow import streams
 from onceflow.state.stores import PartitionStores
 from onceflow.v1 import dedup_pb2, dedup_pb2_grpc
 
@@ -19,12 +20,19 @@ MAX_RECORD_ID_BYTES = 256
 FORGET_TIMEOUT_S = 30.0
 
 
-def _valid_record_id(record_id: str, context: grpc.ServicerContext) -> None:
+def _identity(request: dedup_pb2.CheckRequest | dedup_pb2.ForgetRequest, context: grpc.ServicerContext) -> str:
+    """What the gate files the record under: its record_id within its stream."""
+    record_id = request.record_id
     if not record_id:
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, "record_id: empty")
     size = len(record_id.encode())
     if size > MAX_RECORD_ID_BYTES:
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"record_id: {size} bytes, the limit is {MAX_RECORD_ID_BYTES}")
+    try:
+        streams.check_stream_name(request.stream)
+    except ValueError as exc:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"stream: {exc}")
+    return streams.identity(request.stream, record_id)
 
 
 class DedupAdminServicer(dedup_pb2_grpc.DedupAdminServicer):
@@ -48,8 +56,8 @@ class DedupAdminServicer(dedup_pb2_grpc.DedupAdminServicer):
         self._input_partitions = input_partitions
 
     def Check(self, request: dedup_pb2.CheckRequest, context: grpc.ServicerContext) -> dedup_pb2.CheckReply:
-        _valid_record_id(request.record_id, context)
-        found = exact.lookup(self._redis, self._prefix, range(self._input_partitions()), request.record_id)
+        identity = _identity(request, context)
+        found = exact.lookup(self._redis, self._prefix, range(self._input_partitions()), identity)
         if found is None:
             return dedup_pb2.CheckReply(seen=False, partition=-1)
         partition, bucket = found
@@ -60,7 +68,7 @@ class DedupAdminServicer(dedup_pb2_grpc.DedupAdminServicer):
             expires_at_ms=bucket + self._spec.horizon_ms + self._spec.bucket_ms,
             partition=partition,
             owned=owned is not None,
-            filter_maybe=owned is not None and owned.might_contain(request.record_id),
+            filter_maybe=owned is not None and owned.might_contain(identity),
         )
 
     def Stats(self, request: dedup_pb2.DedupStatsRequest, context: grpc.ServicerContext) -> dedup_pb2.DedupStatsReply:
@@ -88,8 +96,8 @@ class DedupAdminServicer(dedup_pb2_grpc.DedupAdminServicer):
         )
 
     def Forget(self, request: dedup_pb2.ForgetRequest, context: grpc.ServicerContext) -> dedup_pb2.ForgetReply:
-        _valid_record_id(request.record_id, context)
-        found = exact.lookup(self._redis, self._prefix, range(self._input_partitions()), request.record_id)
+        identity = _identity(request, context)
+        found = exact.lookup(self._redis, self._prefix, range(self._input_partitions()), identity)
         if found is None:
             return dedup_pb2.ForgetReply(forgotten=False, partition=-1)
         partition, _bucket = found
@@ -98,7 +106,7 @@ class DedupAdminServicer(dedup_pb2_grpc.DedupAdminServicer):
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"record_id is in partition {partition}, which another dedup instance owns: ask that one",
             )
-        forget = ForgetRequest(request.record_id)
+        forget = ForgetRequest(identity)
         self._gate.forget_requests.put(forget)
         try:
             forgotten, where = forget.done.result(timeout=FORGET_TIMEOUT_S)

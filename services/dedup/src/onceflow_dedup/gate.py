@@ -1,4 +1,5 @@
-"""The gate: a stage of the shared loop over ingest.records. Each record_id passes once.
+"""The gate: a stage of the shared loop over ingest.records. Each record_id passes once per
+stream, into its stream's topic (``dedup.records`` for the default stream; docs/decisions/0025).
 
 Per record: a record_id this batch already let through is a duplicate; otherwise, if no Bloom
 filter says "maybe", the record is new without a store read (the fast path); otherwise the
@@ -19,11 +20,13 @@ from __future__ import annotations
 import enum
 import logging
 import queue
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Message
 
+from onceflow import streams
 from onceflow.codec import decode_envelope, encode_envelope, new_id
 from onceflow.kafka.records import partition_of
 from onceflow.txn.batch import Batch
@@ -91,9 +94,12 @@ class DedupGate:
     name = "dedup"
 
     def __init__(
-        self, output_topic: str, ack_mode: AckMode, rekey: bool, gc_limit: int = 20_000
+        self, topic_prefix: str, ack_mode: AckMode, rekey: bool, gc_limit: int = 20_000,
+        stream_exists: Callable[[str], bool] | None = None,
     ) -> None:
-        self._output_topic = output_topic
+        self._topic_prefix = topic_prefix
+        # None (tests of the gate alone): every stream is taken to exist.
+        self._stream_exists = stream_exists
         self._ack_mode = ack_mode
         self._rekey = rekey
         self._gc_limit = gc_limit
@@ -141,15 +147,24 @@ class DedupGate:
             batch.dead_letter(record, exc)
             counts.dead_letters += 1
             return
+        if envelope.stream and self._stream_exists is not None and not self._stream_exists(envelope.stream):
+            # Ingest checked it; the stream's topic has gone since. Its own letter, never a write
+            # to a missing topic (which would hold the transaction until it timed out).
+            counts.dead_letters += 1
+            batch.dead_letter(record, f"record {envelope.record_id!r}: {streams.missing_stream(envelope.stream)}")
+            if self._ack_mode is not AckMode.OFF:
+                batch.ack(envelope)
+            return
         state = batch.state(partition_of(record))
         store = state.store
-        key = envelope.record_id.encode()
+        identity = streams.identity(envelope.stream, envelope.record_id)
+        key = identity.encode()
         ingest_time = self._clock_ms(record, envelope.ingest_time_ms, batch.now_ms, skew)
         store.advance(ingest_time)
 
         if state.changes.get(key) is not None:
             duplicate = True  # let through earlier in this batch
-        elif not store.might_contain(envelope.record_id):
+        elif not store.might_contain(identity):
             duplicate = False
             counts.fast_path += 1
         else:
@@ -195,7 +210,7 @@ class DedupGate:
         # writing host's clock says (a replay keeps its original's).
         envelope.first_appended_ms = envelope.first_appended_ms or ingest_time
         out_key = envelope.key if self._rekey and envelope.key else record.key()
-        batch.emit(self._output_topic, encode_envelope(envelope), key=out_key)
+        batch.emit(self._topic_prefix + streams.topic_of(envelope.stream), encode_envelope(envelope), key=out_key)
 
     # -- punctuation: GC and Forget ------------------------------------------------------------
 

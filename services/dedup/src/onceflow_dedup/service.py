@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 
+from onceflow import streams
 from onceflow.admin import ServiceServer
 from onceflow.admin.loop_controls import LoopControls
 from onceflow.kafka.inspect import partitions_of
@@ -28,7 +29,9 @@ def build(settings: DedupSettings) -> tuple[TransactionalLoop[exact.DedupStore],
     client.ping()  # fail at startup, with the URL in the error, rather than at the first record
     spec = settings.spec
     watch = RedisWatch(client)
-    gate = DedupGate(common.topic(Topic.DEDUP_RECORDS), settings.ack_mode, settings.rekey, settings.gc_limit)
+    gate = DedupGate(
+        common.topic_prefix, settings.ack_mode, settings.rekey, settings.gc_limit, streams.directory(common).exists
+    )
     input_topic = common.topic(Topic.INGEST_RECORDS)
     loop = TransactionalLoop(
         stage=gate,

@@ -7,7 +7,7 @@ import threading
 
 from confluent_kafka import KafkaException
 
-from onceflow import metrics, spout
+from onceflow import metrics, spout, streams
 from onceflow.admin import RESERVED_FOR_ADMIN, STREAM_THREADS, ServiceServer, StatusSnapshot
 from onceflow.kafka.inspect import wait_partition_count
 from onceflow.runner import on_stop_signals
@@ -86,7 +86,7 @@ class IngestService:
             linger_ms=settings.linger_ms,
             acking=acking,
         )
-        self.servicer = IngestServicer(settings, self.committer)
+        self.servicer = IngestServicer(settings, self.committer, streams.directory(settings.common))
         self.server = ServiceServer.for_service(
             "ingest", settings, self,
             max_receive_bytes=settings.max_request_bytes,

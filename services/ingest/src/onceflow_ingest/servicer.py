@@ -13,6 +13,7 @@ from onceflow import metrics
 from onceflow.admin import CallSlots
 from onceflow.codec import now_ms
 from onceflow.spout import Invalid, Limits, NewRecord, check_record, new_record
+from onceflow.streams import StreamDirectory
 from onceflow.v1 import ingest_pb2, ingest_pb2_grpc
 
 from onceflow_ingest.committer import GroupCommitter, NotCommitted, OutcomeUnknown, Overloaded
@@ -26,8 +27,10 @@ STREAM_BACKPRESSURE_WAIT_S = 30.0
 
 
 class IngestServicer(ingest_pb2_grpc.IngestServicer):
-    def __init__(self, settings: IngestSettings, committer: GroupCommitter) -> None:
+    def __init__(self, settings: IngestSettings, committer: GroupCommitter, streams: StreamDirectory | None = None) -> None:
         self._settings = settings
+        # None (unit tests of the servicer alone): every well-formed stream name is taken.
+        self._stream_exists = None if streams is None else streams.exists
         self._committer = committer
         self._limits = Limits(
             settings.max_payload_bytes, settings.max_key_bytes, settings.max_headers, settings.max_header_key_bytes,
@@ -64,7 +67,7 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
             )
         ingest_time = now_ms()
         for index, record in enumerate(records):
-            invalid = check_record(index, record, self._limits, now_ms=ingest_time)
+            invalid = check_record(index, record, self._limits, now_ms=ingest_time, stream_exists=self._stream_exists)
             if invalid is not None:
                 self._reject(context, invalid.field.rsplit(".", 1)[-1], str(invalid))
         envelopes = _envelopes(records, ingest_time)
@@ -123,7 +126,9 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
             envelopes: list[NewRecord] = []
             message_start = index
             for record in request.records:
-                invalid = check_record(index, record, self._limits, field_prefix="stream", now_ms=ingest_time)
+                invalid = check_record(
+                    index, record, self._limits, field_prefix="stream", now_ms=ingest_time, stream_exists=self._stream_exists
+                )
                 if invalid is None:
                     envelopes.append(new_record(record, ingest_time))
                 else:

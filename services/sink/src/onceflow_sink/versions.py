@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import KafkaException
 
+from onceflow import streams
 from onceflow.config import CommonSettings
 from onceflow.kafka import clients, positions
 from onceflow.kafka.inspect import partitions_of
@@ -82,15 +83,16 @@ def status(common: CommonSettings, job: str, sample_s: float = 1.0) -> list[Vers
     """Every version that runs: how far its hops are behind the ends of their inputs, and its
     map hop's rate over ``sample_s``."""
     record = record_of(common, job)
-    dedup = common.topic(Topic.DEDUP_RECORDS)
     running = [v for v in sorted(record.versions.values(), key=lambda v: v.version) if v.running]
-    ends = positions.stable_ends(common, dedup)
-    before = {v.version: positions.group_positions(common, map_group(common, job, v.version), dedup) for v in running}
+    inputs = {v.version: common.topic(streams.topic_of(v.stream)) for v in running}
+    ends = {topic: positions.stable_ends(common, topic) for topic in set(inputs.values())}
+    before = {v.version: positions.group_positions(common, map_group(common, job, v.version), inputs[v.version]) for v in running}
     started = time.monotonic()
     if sample_s > 0:
         time.sleep(sample_s)
     out = []
     for v in running:
+        dedup = inputs[v.version]
         now = positions.group_positions(common, map_group(common, job, v.version), dedup)
         elapsed = time.monotonic() - started
         moved = sum(now.values()) - sum(before[v.version].values())
@@ -99,7 +101,7 @@ def status(common: CommonSettings, job: str, sample_s: float = 1.0) -> list[Vers
                 job=job,
                 version=v,
                 live=v.version == record.live,
-                map_behind=positions.behind(common, dedup, now, ends),
+                map_behind=positions.behind(common, dedup, now, ends[dedup]),
                 merge_behind=_merge_behind(common, versioned(job, v.version)) if v.kind != "transform" else None,
                 records_per_s=moved / elapsed if sample_s > 0 else None,
                 group_members=_members(common, map_group(common, job, v.version)),
@@ -129,12 +131,14 @@ def _merge_behind(common: CommonSettings, name: str) -> Behind | None:
 
 def lagging(common: CommonSettings, tables: ResultTables, record: JobRecord, version: Version) -> list[str]:
     """What the version still lacks before readers may see it ([] = caught up): its map hop
-    behind the live version's (the end of dedup.records when none is live), its merge hop
+    behind the live version's (the end of its stream when none is live, or the live one reads
+    another stream), its merge hop
     behind its partials, the sink behind compute.results. Each is measured after the one
     before it, so what the earlier hop wrote is counted."""
     name = versioned(record.job, version.version)
-    dedup = common.topic(Topic.DEDUP_RECORDS)
-    if record.live:
+    dedup = common.topic(streams.topic_of(version.stream))
+    live = record.versions.get(record.live)
+    if live is not None and streams.canonical(live.stream) == streams.canonical(version.stream):
         target = positions.group_positions(common, map_group(common, record.job, record.live), dedup)
         against = f"the live {record.live_name}"
     else:

@@ -40,6 +40,11 @@ class SourceSettings(BaseSettings):
         "Else the field of the JSON value that holds the record_id, taken as it is (a dotted path reaches into nested "
         "objects); records without it go to `source.dlq`.",
     )
+    stream: str = Field(
+        default="",
+        description="The stream the copied records belong to (docs/decisions/0025); empty: the default stream. It must "
+        "exist (`onceflow stream create`): the source refuses to start otherwise.",
+    )
     host: str = host_setting()
     port: int = grpc_port_setting(topology.SOURCE_SERVICE)
     metrics_port: int = metrics_port_setting(topology.SOURCE_SERVICE)

@@ -59,6 +59,7 @@ class Mapping:
     limits: Limits
     id_field: str = ""  # "": the record's place, kafka://<cluster id>/<topic>/<topic id>/<partition>/<offset>
     origin: KafkaOrigin = KafkaOrigin("")  # the topic's cluster id and topic id ("": unknown, written "-")
+    stream: str = ""  # the stream every copied record belongs to ("": the default)
 
 
 def default_record_id(origin: KafkaOrigin, topic: str, partition: int, offset: int) -> str:
@@ -116,6 +117,7 @@ def _mapped(record: SourceRecord, mapping: Mapping) -> IngestRecord:
         payload=record.value or b"",
         headers=_headers(record.headers),
         event_time_ms=max(record.timestamp_ms, 0),
+        stream=mapping.stream.encode(),
     )
     invalid = check_record(0, mapped, mapping.limits, field_prefix="record")
     if invalid is not None:

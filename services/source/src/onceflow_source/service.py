@@ -14,6 +14,7 @@ import sys
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
+from onceflow import streams
 from onceflow.admin import ServiceServer
 from onceflow.admin.loop_controls import LoopControls
 from onceflow.kafka import clients
@@ -50,13 +51,19 @@ def _cluster_id(admin: AdminClient, where: str) -> tuple[str | None, set[str]]:
 
 def check_source(settings: SourceSettings) -> ExternalTopic | None:
     """Refuse what cannot start, before anything is written: no topic, a cluster that does not
-    answer, a missing topic. Returns the topic's cluster if it is not the pipeline's (another
+    answer, a missing topic, a stream that does not exist. Returns the topic's cluster if it is not the pipeline's (another
     cluster id: its offsets cannot join the pipeline's transaction, so its positions go to
     source.offsets instead), else None."""
     if not settings.topic:
         raise SourceRefused("ONCEFLOW_SOURCE_TOPIC is required: the topic to copy")
     common = settings.common
     pipeline_id, topics = _cluster_id(clients.admin(common), f"the pipeline's cluster ({common.kafka_bootstrap})")
+    try:
+        streams.check_stream_name(settings.stream)
+    except ValueError as exc:
+        raise SourceRefused(f"ONCEFLOW_SOURCE_STREAM: {exc}") from None
+    if common.topic(streams.topic_of(settings.stream)) not in topics:
+        raise SourceRefused(f"ONCEFLOW_SOURCE_STREAM: {streams.missing_stream(settings.stream)}")
     external = None
     if settings.bootstrap and settings.bootstrap != common.kafka_bootstrap:
         source_admin = AdminClient(clients.plain_config(settings.bootstrap))
@@ -117,7 +124,7 @@ def build(
     admin = source_admin(settings, external)
     origin = origin or read_origin(settings, external, admin)
     stage = SourceStage(
-        Mapping(settings.limits, settings.id_field, origin),
+        Mapping(settings.limits, settings.id_field, origin, settings.stream),
         common.topic(Topic.INGEST_RECORDS),
         settings.tree_timeout_ms if settings.acking else None,
     )

@@ -31,7 +31,7 @@ from onceflow.v1 import (
     dedup_pb2,
     dedup_pb2_grpc,
 )
-from onceflow_tools.cli.options import ServiceAddress, TlsCa, TlsCert, TlsKey, client_tls
+from onceflow_tools.cli.options import ServiceAddress, StreamOption, TlsCa, TlsCert, TlsKey, client_tls
 
 app = typer.Typer(no_args_is_help=True, help="Operate running services (gRPC admin calls).")
 acker_app = typer.Typer(no_args_is_help=True, help="The acker's own calls: stats, tree, pending.")
@@ -288,12 +288,13 @@ def acker_pending(
 @dedup_app.command("check")
 def dedup_check(
     record_id: Annotated[str, typer.Argument(help="The record id to look up.")],
+    stream: StreamOption = "",
     address: ServiceAddress = None,
     as_json: Json = False,
 ) -> None:
-    """Whether the gate would drop a new copy of RECORD_ID, and until when."""
+    """Whether the gate would drop a new copy of RECORD_ID (of --stream), and until when."""
     address = address or fleet.default_address("dedup")
-    request = dedup_pb2.CheckRequest(record_id=record_id)
+    request = dedup_pb2.CheckRequest(record_id=record_id, stream=stream)
     reply = _call(address, lambda ch: dedup_pb2_grpc.DedupAdminStub(ch).Check(request, timeout=TIMEOUT_S))
     _print(reply, as_json)
 
@@ -309,13 +310,14 @@ def dedup_stats(address: ServiceAddress = None, as_json: Json = False) -> None:
 @dedup_app.command("forget")
 def dedup_forget(
     record_id: Annotated[str, typer.Argument(help="The record id to forget.")],
+    stream: StreamOption = "",
     address: ServiceAddress = None,
     token: Token = "",
     as_json: Json = False,
 ) -> None:
-    """Drop RECORD_ID from the gate's exact store (a committed tombstone), so it can be re-driven."""
+    """Drop RECORD_ID (of --stream) from the gate's exact store (a committed tombstone), so it can be re-driven."""
     address = address or fleet.default_address("dedup")
-    request = dedup_pb2.ForgetRequest(record_id=record_id)
+    request = dedup_pb2.ForgetRequest(record_id=record_id, stream=stream)
     reply = _call(
         address, lambda ch: dedup_pb2_grpc.DedupAdminStub(ch).Forget(request, metadata=_bearer(token), timeout=TIMEOUT_S * 8)
     )

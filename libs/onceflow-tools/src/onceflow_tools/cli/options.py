@@ -22,6 +22,11 @@ ServiceAddress = Annotated[
         help="host:port of the service (default: its first instance in ONCEFLOW_SERVICES_CONFIG or infra/services.toml).",
     ),
 ]
+# A record's stream (docs/decisions/0025); empty: the default stream.
+StreamOption = Annotated[
+    str,
+    typer.Option("--stream", show_default=False, help="The record's stream (default: the default stream)."),
+]
 TlsCa = Annotated[
     str,
     typer.Option(

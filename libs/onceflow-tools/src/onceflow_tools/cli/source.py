@@ -31,12 +31,13 @@ def kafka(
         "", "--id-field",
         help="JSON field of the value holding the record_id (default: kafka://<cluster id>/<topic>/<topic id>/<partition>/<offset>).",
     ),
+    stream: str = typer.Option("", "--stream", help="The stream the records belong to (default: the default stream); it must exist."),
     instance: str = typer.Option("", help="Instance name, stable across restarts (default ONCEFLOW_SOURCE_INSTANCE)."),
     port: int = typer.Option(-1, help="gRPC port (Admin, health); default ONCEFLOW_SOURCE_PORT (15056), 0 picks one."),
     metrics_port: int = typer.Option(-1, help="Prometheus port; default ONCEFLOW_SOURCE_METRICS_PORT (9106), 0: none."),
 ) -> None:
     """Copy TOPIC into ingest.records exactly once until Ctrl-C; unmappable records go to source.dlq."""
-    given = {"bootstrap": bootstrap, "id_field": id_field, "instance": instance, "port": port, "metrics_port": metrics_port}
+    given = {"bootstrap": bootstrap, "id_field": id_field, "stream": stream, "instance": instance, "port": port, "metrics_port": metrics_port}
     overrides = {"topic": topic, **{name: value for name, value in given.items() if value not in ("", -1)}}
     settings = SourceSettings(**overrides)  # type: ignore[arg-type]
     logs.setup("source", settings.instance, "WARNING")  # the progress line, not the service's info log

@@ -17,12 +17,13 @@ from datetime import UTC, datetime
 
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 
+from onceflow import streams
 from onceflow.codec import now_ms
 from onceflow.config import CommonSettings
 from onceflow.kafka import clients, positions
 from onceflow.kafka.registry import RegistryWriter
 from onceflow.redis_client import connect
-from onceflow.topology import COMPUTE_MAP, Topic, parse_version, versioned
+from onceflow.topology import COMPUTE_MAP, parse_version, versioned
 from onceflow.versions import JobRecord, Version, VersionState
 from onceflow_sink import versions
 from onceflow_sink.tables import ResultTables
@@ -98,8 +99,11 @@ def deploy(
     job = load_module(module)
     assert not isinstance(job, str)
     name: str = job.name  # type: ignore[attr-defined]
+    stream: str = streams.canonical(job.stream)  # type: ignore[attr-defined]
+    if not streams.lookup(common, stream):
+        raise JobCommandError(f"job {name} reads {streams.missing_stream(stream)}")
     start_from = parse_start(start_from)
-    notes = history_notes(common, start_from)
+    notes = history_notes(common, start_from, stream)
     with RegistryWriter(common) as registry:
         record = registry.records.get(name) or JobRecord(name)
         shadows = [v for v in record.versions.values() if v.state is VersionState.SHADOW]
@@ -127,10 +131,12 @@ def deploy(
             fingerprint=fingerprint(describe(renamed)),
             note=note,
             kind=job.kind,  # type: ignore[attr-defined]
+            stream=stream,
         )
         registry.write(record.with_version(deployed))
     if start_from != EARLIEST:
-        _position_map_group(common, versioned(name, number), int(start_from))
+        _position_map_group(common, versioned(name, number), int(start_from), stream)
+    notes.append(f"reads {streams.reading(common, stream, COMPUTE_MAP.group_id(common.topic_prefix, versioned(name, number)))}")
     env = workers.worker_env(module, number, partitions, f"{name}-v{number}-0", 0)
     started = workers.start(name, number, module, partitions, worker_count) if start else []
     if isinstance(job, Transform):
@@ -138,9 +144,9 @@ def deploy(
     return Deployed(name, deployed, started, env, notes)
 
 
-def history_notes(common: CommonSettings, start_from: str) -> list[str]:
-    """Refuse a start older than what ``dedup.records`` still holds; say where history begins."""
-    topic = common.topic(Topic.DEDUP_RECORDS)
+def history_notes(common: CommonSettings, start_from: str, stream: str = "") -> list[str]:
+    """Refuse a start older than what the stream's topic still holds; say where history begins."""
+    topic = common.topic(streams.topic_of(stream))
     oldest = positions.earliest_retained_ms(common, topic)
     lows = positions.low_watermarks(common, topic)
     if start_from != EARLIEST:
@@ -178,9 +184,9 @@ def state_notes(common: CommonSettings, record: JobRecord, job: object) -> list[
     return [f"the live {record.live_name}'s state fits this code ({check.verdict.decision.value}): a restart of {record.live_name} on it would carry its state over without reprocessing"]
 
 
-def _position_map_group(common: CommonSettings, name: str, at_ms: int) -> None:
+def _position_map_group(common: CommonSettings, name: str, at_ms: int, stream: str) -> None:
     """The new version's map group starts at ``at_ms`` (it has never run: nothing committed)."""
-    topic = common.topic(Topic.DEDUP_RECORDS)
+    topic = common.topic(streams.topic_of(stream))
     offsets = positions.offsets_for_time(common, topic, at_ms)
     group = COMPUTE_MAP.group_id(common.topic_prefix, name)
     request = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p, o) for p, o in sorted(offsets.items())])

@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from onceflow import topology
+from onceflow import streams, topology
 from onceflow.codec import decode_envelope
 from onceflow.config import CommonSettings
 from onceflow.kafka.inspect import (
@@ -54,9 +54,17 @@ PIPELINE_TOPICS = (
 )
 
 
-def pipeline_topics(job: str) -> list[str]:
-    """Every pipeline topic ``job`` uses (its own partials and changelog), before the prefix."""
-    return [job_topic(t, job) for t in PIPELINE_TOPICS]
+def pipeline_topics(job: str, stream: str = "") -> list[str]:
+    """Every pipeline topic ``job`` uses (its own partials and changelog, its stream's topic),
+    before the prefix."""
+    named = [streams.topic_of(stream)] if streams.canonical(stream) else []
+    return [job_topic(t, job) for t in PIPELINE_TOPICS] + named
+
+
+def _hop_input(hop: topology.Hop, job: str, stream: str) -> str:
+    """What ``hop`` reads for ``job`` (before the prefix): a map hop reads the job's stream."""
+    assert hop.input is not None
+    return streams.topic_of(stream) if hop is topology.COMPUTE_MAP else job_topic(hop.input, job)
 
 
 _SHOWN = 20  # ids listed per problem in the report
@@ -133,7 +141,7 @@ def _dead_letter_ids(records: Iterable[TopicRecord]) -> list[str]:
     return ids
 
 
-def undrained(common: CommonSettings, job: str) -> list[str]:
+def undrained(common: CommonSettings, job: str, stream: str = "") -> list[str]:
     """What is still in flight (empty: drained). Drained means quiet, not only "read to the
     end": every group has read its input to the end, the sink has applied the last result, the
     acker holds no undecided tree (one could still time out and be replayed), no transaction is
@@ -143,15 +151,15 @@ def undrained(common: CommonSettings, job: str) -> list[str]:
     from onceflow_sink.tables import ResultTables  # the key layout lives with its service
 
     prefix, topic = common.topic_prefix, common.topic
-    ends_before = _pipeline_ends(common, job)
+    ends_before = _pipeline_ends(common, job, stream)
     open_txns = _open_transactions(ends_before)
     if open_txns:
         return [f"open transaction on {name} {parts}" for name, parts in open_txns.items()]
     behind = [
-        f"{hop.group_id(prefix, job)} on {job_topic(hop.input, job)}"
+        f"{hop.group_id(prefix, job)} on {_hop_input(hop, job, stream)}"
         for hop in topology.HOPS
         if hop.input is not None and hop.offsets_in_kafka  # the sink's offsets: checked below
-        and not consumed_everything(common, hop.group_id(prefix, job), topic(job_topic(hop.input, job)))
+        and not consumed_everything(common, hop.group_id(prefix, job), topic(_hop_input(hop, job, stream)))
     ]
     if behind:
         return behind
@@ -168,13 +176,13 @@ def undrained(common: CommonSettings, job: str) -> list[str]:
     pending = read_committed(common, results, start={p: offset + 1 for p, offset in applied.items()})
     if pending:
         return [f"sink: {len(pending)} results not applied"]
-    grown = sorted(name for name, ends in _pipeline_ends(common, job).items() if ends != ends_before[name])
+    grown = sorted(name for name, ends in _pipeline_ends(common, job, stream).items() if ends != ends_before[name])
     return [f"still being written: {', '.join(grown)}"] if grown else []
 
 
-def _pipeline_ends(common: CommonSettings, job: str) -> dict[str, dict[int, tuple[int, int]]]:
+def _pipeline_ends(common: CommonSettings, job: str, stream: str = "") -> dict[str, dict[int, tuple[int, int]]]:
     """topic -> partition -> (last stable offset, high watermark), for every pipeline topic."""
-    return {name: end_offsets(common, common.topic(name)) for name in pipeline_topics(job)}
+    return {name: end_offsets(common, common.topic(name)) for name in pipeline_topics(job, stream)}
 
 
 def _open_transactions(ends: dict[str, dict[int, tuple[int, int]]]) -> dict[str, list[int]]:

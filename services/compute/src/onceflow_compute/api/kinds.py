@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from onceflow import streams
+
 from onceflow_compute.api.aggregates import Aggregate
 from onceflow_compute.api.rows import WINDOW_END, WINDOW_START, JSONValue
 from onceflow_compute.dataflow.joins import JoinKind
@@ -38,9 +40,12 @@ class Aggregation:
     allowed_lateness_ms: int = 0
     # The column holding each record's event time (ms): the envelope's, or a payload field.
     time_column: str = "_event_time_ms"
+    # The stream the job reads (docs/decisions/0025): it never sees another stream's records.
+    stream: str = streams.DEFAULT
     kind: str = field(default="aggregation", init=False)
 
     def __post_init__(self) -> None:
+        streams.check_stream_name(self.stream)
         names = [a.name for a in self.aggregates]
         if not self.aggregates or len(set(names)) != len(names) or self.key in names:
             raise ValueError(f"job {self.name}: needs aggregates with distinct names, none named like the key")
@@ -82,7 +87,11 @@ class Transform:
     key: str
     transform: Callable[[DataFrame], DataFrame]
     doc: str = ""
+    stream: str = streams.DEFAULT
     kind: str = field(default="transform", init=False)
+
+    def __post_init__(self) -> None:
+        streams.check_stream_name(self.stream)
 
 
 @dataclass(frozen=True)
@@ -110,9 +119,12 @@ class Join:
     allowed_lateness_ms: int = 0
     time_column: str = "_event_time_ms"
     doc: str = ""
+    # Both sides come from this one stream.
+    stream: str = streams.DEFAULT
     kind: str = field(default="join", init=False)
 
     def __post_init__(self) -> None:
+        streams.check_stream_name(self.stream)
         if not isinstance(self.window, (Tumbling, GlobalWindows)):
             raise ValueError(f"job {self.name}: a join's window is tumbling or global")
         if self.allowed_lateness_ms < 0:

@@ -1,0 +1,166 @@
+"""Named streams (docs/decisions/0025): a record belongs to one stream, named by its caller;
+the gate writes what it passes to that stream's topic, and a job reads its stream's topic only,
+so no job reads, decodes or pays for another stream's records.
+
+- The default stream (named ``default``, or nothing: today's callers) is ``dedup.records``.
+- Stream ``orders`` is ``dedup.records.orders``: a copy of ``dedup.records``' declaration (its
+  partitions, so ``compute.eventtime`` still records partition n of every stream's topic in its
+  partition n; its retention, the history a job version rebuilds from).
+- A stream exists once its topic does. Only an operator creates one (``onceflow stream create``):
+  a misspelt name in a client or a job is an error, never a new stream.
+- A record's identity is its stream and its record_id: order ``17`` and payment ``17`` are two
+  records. The gate keys the default stream's records by record_id alone, as before, and a named
+  stream's by ``stream NUL record_id`` (:func:`identity`); ingest refuses a record_id holding NUL,
+  so no default-stream id can take the place of a named stream's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from onceflow.config import CommonSettings
+from onceflow.kafka import clients, inspect, positions, topics
+from onceflow.topology import Topic
+
+log = logging.getLogger(__name__)
+
+DEFAULT = "default"
+# As job names (topology.JOB_NAME): a stream's name goes into its topic's name; no dot, so that no
+# two streams' topics collide in Kafka's metric names ('.' and '_' are one there).
+STREAM_NAME = re.compile(r"[A-Za-z0-9_-]{1,100}")
+SEPARATOR = "\x00"  # between a named stream and a record_id in the gate's key (never in either)
+
+
+def canonical(stream: str) -> str:
+    """``""`` for the default stream however it is written, else the name as given."""
+    return "" if stream in ("", DEFAULT) else stream
+
+
+def display(stream: str) -> str:
+    return canonical(stream) or DEFAULT
+
+
+def check_stream_name(stream: str) -> str:
+    """The name, or ValueError saying what a name may hold."""
+    if stream and not STREAM_NAME.fullmatch(stream):
+        raise ValueError(f"stream name {stream!r}: 1 to 100 of A-Z, a-z, 0-9, '_' and '-' (it names the stream's topic)")
+    return stream
+
+
+def topic_of(stream: str) -> str:
+    """The stream's topic, before the prefix: ``dedup.records`` or ``dedup.records.<stream>``."""
+    name = canonical(stream)
+    return f"{Topic.DEDUP_RECORDS.value}.{name}" if name else Topic.DEDUP_RECORDS.value
+
+
+def stream_of_topic(topic: str) -> str | None:
+    """The stream whose topic (before the prefix) is ``topic``; None for any other topic."""
+    if topic == Topic.DEDUP_RECORDS.value:
+        return DEFAULT
+    stem = f"{Topic.DEDUP_RECORDS.value}."
+    name = topic[len(stem) :] if topic.startswith(stem) else ""
+    return name if STREAM_NAME.fullmatch(name) else None
+
+
+def identity(stream: str, record_id: str) -> str:
+    """What the gate deduplicates by: the record_id within its stream."""
+    name = canonical(stream)
+    return f"{name}{SEPARATOR}{record_id}" if name else record_id
+
+
+def split_identity(key: str) -> tuple[str, str]:
+    """(stream, record_id) of a gate key."""
+    name, sep, record_id = key.partition(SEPARATOR)
+    return (name, record_id) if sep else (DEFAULT, key)
+
+
+@dataclass
+class StreamDirectory:
+    """Which streams exist, from the broker's topic list, cached: a stream present is answered
+    from the cache; one absent is looked up again at most every ``refresh_s`` (a stream created
+    a moment ago is found within that). ``list_topics`` returns the prefixed topic names."""
+
+    list_topics: Callable[[], set[str]]
+    prefix: str = ""
+    refresh_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        self._known: set[str] = set()
+        self._looked_at = float("-inf")
+        self._lock = threading.Lock()
+
+    def exists(self, stream: str) -> bool:
+        name = canonical(stream)
+        if name in self._known:
+            return True
+        with self._lock:
+            if name not in self._known and time.monotonic() - self._looked_at >= self.refresh_s:
+                self._refresh()
+            return name in self._known
+
+    def _refresh(self) -> None:
+        self._looked_at = time.monotonic()
+        try:
+            topics = self.list_topics()
+        except Exception as exc:  # noqa: BLE001 - an unanswered lookup keeps what is known
+            log.warning("listing the streams' topics: %s", exc)
+            return
+        found = {stream_of_topic(t[len(self.prefix) :]) for t in topics if t.startswith(self.prefix)}
+        self._known = {canonical(s) for s in found if s is not None}
+
+
+def directory(common: CommonSettings) -> StreamDirectory:
+    """The streams of the pipeline ``common`` names, looked up on its broker."""
+    admin = clients.admin(common)  # held: a freed admin client never answers (docs/decisions/0024)
+
+    def topics() -> set[str]:
+        return set(admin.list_topics(timeout=10).topics)
+
+    return StreamDirectory(topics, common.topic_prefix)
+
+
+def lookup(common: CommonSettings, stream: str) -> bool:
+    """Whether ``stream`` exists; raises (KafkaException) while the broker does not answer, so a
+    starting broker is never taken for a missing stream."""
+    admin = clients.admin(common)
+    topic = common.topic(topic_of(stream))
+    metadata = admin.list_topics(timeout=10)
+    return topic in metadata.topics and metadata.topics[topic].error is None
+
+
+def create(common: CommonSettings, stream: str, history_retention_ms: int | None = None) -> bool:
+    """Create ``stream``'s topic as ``dedup.records`` is declared (True), or find it (False)."""
+    check_stream_name(stream)
+    spec = next(s for s in topics.shared_specs() if s.name == Topic.DEDUP_RECORDS)
+    if history_retention_ms is not None:
+        spec = dataclasses.replace(spec, retention_ms=history_retention_ms)
+    named = dataclasses.replace(spec, name=topic_of(stream), doc=f"Records of stream {display(stream)} the gate let through.")
+    return bool(topics.ensure_topics(common.kafka_bootstrap, common.topic_prefix, [named]))
+
+
+def reading(common: CommonSettings, stream: str, group: str) -> str:
+    """What a group is about to read of ``stream``: where from, and how many records that is."""
+    topic = common.topic(topic_of(stream))
+    committed = inspect.committed_offsets(common, group, topic)
+    start = positions.group_positions(common, group, topic)
+    ahead = positions.behind(common, topic, start, positions.stable_ends(common, topic))
+    where = (
+        "from its committed offsets" if all(o >= 0 for o in committed.values())
+        else "from the start of the stream's retained history" if not any(o >= 0 for o in committed.values())
+        else "from its committed offsets, and the start of history where it has none"
+    )
+    return f"stream {display(stream)} ({topic}, {len(start)} partitions), {where}: {ahead.records}{'' if ahead.exact else '+'} records to read now"
+
+
+def missing_stream(stream: str) -> str:
+    """The reason a record or a job naming an absent stream is refused."""
+    return (
+        f"no stream {display(stream)!r} (no topic {topic_of(stream)}): an operator creates it with "
+        f"`onceflow stream create {display(stream)}`"
+    )
