@@ -9,11 +9,20 @@ records), part of each is sent twice, and the gate and both jobs are killed -9 m
 once drained: each table equals the fold of its own stream's records, compute.dlq is empty, and
 each job's map group has read its own stream's topic only. A stream that does not exist is
 refused, naming it: by ingest (INVALID_ARGUMENT on records[i].stream) and by a job at start
-(exit 2)."""
+(exit 2).
+
+Dead letters re-driven (issue 45 item 2, docs/decisions/0026): picky, a second job on the
+default stream, refuses what usersum refuses. Records usersum refused are re-driven to usersum
+alone with corrected payloads, some still wrong: the table ends equal to the fold of the
+corrected input, picky never sees them, a second redrive of the same letters changes nothing,
+and a letter that failed again is re-driven once more, counted once."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,6 +38,8 @@ from onceflow.service_main import EXIT_USAGE
 from onceflow.topology import Topic
 from onceflow.v1.ingest_pb2 import IngestRecord
 from onceflow_client import IngestClient, QueryClient, RecordsRejected
+from onceflow_client.dlq import DeadLetters, Letter, LetterFilter
+from onceflow_tools import redrive
 from onceflow_tools.infra.topics import delete_topics, ensure_topics
 from onceflow_tools.process import ServiceProcess, free_port, pipeline_service
 from onceflow_tools.verify.check import undrained
@@ -41,6 +52,19 @@ pytestmark = [pytest.mark.streams, pytest.mark.integration, pytest.mark.xdist_gr
 PAYMENTS = "payments"
 PAY_JOB = "paycount"
 PAY_MODULE = "tests.harness.jobs.paycount"
+PICKY_JOB = "picky"
+
+
+def picky_answer(records: list[KeyedRecord]) -> dict[str, dict]:
+    """picky's table: usersum's total and count, without the records of amount 13 (its letters)."""
+    rows: dict[str, dict] = {}
+    for r in records:
+        if r.amount == 13:
+            continue
+        row = rows.setdefault(r.user, {"user": r.user, "total": 0, "count": 0})
+        row["total"] += r.amount
+        row["count"] += 1
+    return rows
 
 
 def payment(record: KeyedRecord) -> IngestRecord:
@@ -65,6 +89,7 @@ class Pipeline:
     log_dir: Path
     env: dict[str, str]
     pay: ServiceProcess | None = None
+    picky: ServiceProcess | None = None
     pay_address: str = ""
     orders: list[KeyedRecord] = field(default_factory=list)
     payments: list[KeyedRecord] = field(default_factory=list)
@@ -100,11 +125,15 @@ def pipeline(infra: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     running = Pipeline(supervisor, common, log_dir, env)
     try:
         supervisor.start_all()
+        picky_address = f"127.0.0.1:{free_port()}"
+        running.picky = running.compute("tests.harness.jobs.picky", "picky", picky_address)
         running.start_pay()
+        running.picky.wait_healthy(picky_address, 180)
         yield running
     finally:
-        if running.pay is not None:
-            running.pay.ensure_dead()
+        for process in (running.pay, running.picky):
+            if process is not None:
+                process.ensure_dead()
         supervisor.stop_all()
         delete_topics(common.kafka_bootstrap, prefix=prefix)
 
@@ -158,7 +187,10 @@ def test_two_jobs_on_two_streams_each_exact_through_kill9s(pipeline: Pipeline) -
                "the pipeline to drain", interval_s=2)
     assert pipeline.table(usersum.JOB) == usersum.fold_answer(pipeline.orders)
     assert pipeline.table(PAY_JOB) == pay_answer(pipeline.payments)
-    assert not read_committed(common, common.topic(Topic.COMPUTE_DLQ), timeout_s=5), "a job met another stream's record"
+    assert pipeline.table(PICKY_JOB) == picky_answer(pipeline.orders)
+    letters = _letters(common)
+    assert not [letter for letter in letters if letter.job != PICKY_JOB], "a job met another stream's record"
+    assert sorted(letter.record_id for letter in letters) == sorted(r.record_id for r in orders if r.amount == 13)
     # Each map group read its own stream's topic, and none of the other's.
     pay_group = f"{common.topic_prefix}onceflow-compute-{PAY_JOB}-map"
     own_group = f"{common.topic_prefix}onceflow-compute-{usersum.JOB}-map"
@@ -167,3 +199,84 @@ def test_two_jobs_on_two_streams_each_exact_through_kill9s(pipeline: Pipeline) -
     assert all(o < 0 for o in committed_offsets(common, pay_group, own_topic).values())
     assert all(o < 0 for o in committed_offsets(common, own_group, pay_topic).values())
     assert len(read_committed(common, pay_topic)) == len(orders) and len(read_committed(common, own_topic)) == len(orders)
+
+
+def _letters(common: CommonSettings) -> list[Letter]:
+    with DeadLetters(common.kafka_bootstrap, common.topic_prefix, [Topic.COMPUTE_DLQ]) as reader:
+        return reader.list(LetterFilter())
+
+
+def _drained(pipeline: Pipeline, want: dict[str, dict], picky: dict[str, dict]) -> None:
+    def exact() -> bool:
+        try:
+            return pipeline.table(usersum.JOB) == want and pipeline.table(PICKY_JOB) == picky
+        except grpc.RpcError:
+            return False
+
+    common = pipeline.common
+    eventually(exact, 180, "usersum's table to equal the corrected input, picky's the good records", interval_s=2)
+    eventually(lambda: not undrained(common, usersum.JOB) and not undrained(common, PICKY_JOB), 180, "the pipeline to drain",
+               interval_s=2)
+    assert pipeline.table(usersum.JOB) == want and pipeline.table(PICKY_JOB) == picky
+
+
+def _fixes(path: Path, fixes: dict[str, object]) -> Path:
+    path.write_text("".join(json.dumps({"record_id": rid, "payload": payload}) + "\n" for rid, payload in fixes.items()))
+    return path
+
+
+def test_refused_records_are_redriven_to_their_job_alone_exactly_once(pipeline: Pipeline, tmp_path: Path) -> None:
+    common = pipeline.common
+    bad = [KeyedRecord(f"bad:{i}", f"u{i % 3}", 100 + i) for i in range(12)]
+    with IngestClient(pipeline.supervisor.address("ingest")) as client:
+        client.ingest([
+            {"record_id": r.record_id, "key": r.user, "payload": {"user": r.user, "amount": "ten"}} for r in bad
+        ])
+    before_picky = picky_answer(pipeline.orders)
+    ids = sorted(r.record_id for r in bad)
+
+    def refused() -> dict[str, list[str]]:
+        letters = _letters(common)
+        return {job: sorted(l.record_id or "" for l in letters if l.job == job and l.record_id in ids) for job in (usersum.JOB, PICKY_JOB)}
+
+    eventually(lambda: refused() == {usersum.JOB: ids, PICKY_JOB: ids}, 120, "both jobs to refuse the bad records", interval_s=1)
+
+    # 1. Through the CLI: every usersum letter of these records, corrected, but three still wrong.
+    still_wrong = {r.record_id for r in bad[:3]}
+    fixes = {r.record_id: ({"user": r.user, "amount": "still ten"} if r.record_id in still_wrong else {"user": r.user, "amount": r.amount})
+             for r in bad}
+    command = [
+        sys.executable, "-m", "onceflow_tools", "dlq", "redrive", "--job", usersum.JOB, "--fix", str(_fixes(tmp_path / "a.jsonl", fixes)),
+        "--prefix", common.topic_prefix, "--bootstrap", common.kafka_bootstrap, "--yes",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120,
+                          env={k: v for k, v in os.environ.items() if k != "COLUMNS"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"12 record(s) to {usersum.JOB}" in done.stdout, done.stdout
+    fixed = [r for r in bad if r.record_id not in still_wrong]
+    want = usersum.fold_answer(pipeline.orders + fixed)
+    _drained(pipeline, want, before_picky)  # picky never saw them
+
+    def again() -> list[tuple[str, int]]:
+        letters = [l for l in _letters(common) if l.job == usersum.JOB and l.record_id in still_wrong]
+        return sorted((l.record_id or "", l.original.redrive_count) for l in letters)  # type: ignore[union-attr]
+
+    eventually(lambda: again() == sorted([(rid, 0) for rid in still_wrong] + [(rid, 1) for rid in still_wrong]), 60,
+               "the three still wrong to come back as letters re-driven once", interval_s=1)
+
+    # 2. The same letters once more: the gate drops every copy; the three still wrong fail again.
+    letters = [l for l in _letters(common) if l.job == usersum.JOB and l.record_id in fixes]
+    first = [l for l in letters if l.original.redrive_count == 0]  # type: ignore[union-attr]
+    plan = redrive.plan(first, {rid: json.dumps(p).encode() for rid, p in fixes.items()})
+    assert redrive.redrive(common, plan.records) == 12  # judged with the next step's: a copy counted would show there
+
+    # 3. The letters of the three, with a right payload now: each counts once, whatever its count.
+    right = {r.record_id: json.dumps({"user": r.user, "amount": r.amount}).encode() for r in bad[:3]}
+    letters = [l for l in _letters(common) if l.job == usersum.JOB and l.record_id in right]
+    assert sorted({l.original.redrive_count for l in letters}) == [0, 1], "step 2 re-drove a copy"  # type: ignore[union-attr]
+    plan = redrive.plan(letters, right)
+    assert redrive.redrive(common, plan.records) == len(letters)
+    pipeline.orders += bad
+    _drained(pipeline, usersum.fold_answer(pipeline.orders), before_picky)
+    refused_again = [l for l in _letters(common) if l.job == usersum.JOB and l.record_id in right and l.original.redrive_count > 1]  # type: ignore[union-attr]
+    assert not refused_again

@@ -70,6 +70,28 @@ def test_each_bad_payload_is_named_among_good_ones(payload: bytes, reason: str) 
     assert frame.table.num_rows == 40 and [r.offset() for r in frame.records] == list(range(40))
 
 
+def test_a_record_redriven_to_another_job_is_passed_over_and_one_to_this_job_taken() -> None:
+    """onceflow dlq redrive (docs/decisions/0026): a letter goes back to the job that refused it."""
+
+    def redriven(offset: int, job: str) -> Message:
+        envelope = Envelope(record_id=f"r{offset}", root_id=offset + 1, edge_id=offset + 100, key=b"u",
+                            payload=b'{"user": "u", "amount": 5}', redrive_job=job, redrive_count=1)
+        return Message(topic=Topic.DEDUP_RECORDS, partition=0, offset=offset, key=b"u", value=encode_envelope(envelope))
+
+    frame = build_frame([good(0), redriven(1, "other"), redriven(2, JOB.name)], SCHEMA, JOB.name)
+    assert [r.offset() for r in frame.records] == [0, 2] and not frame.rejected
+    assert [e.record_id for e in frame.passed_over] == ["r1"]
+    batch = run_stage([good(0), redriven(1, "other")], PandasEngine())
+    assert batch.job == JOB.name
+    assert not [o for o in batch.outputs if o.topic == Topic.COMPUTE_DLQ]  # passed over: no letter
+
+
+def test_a_map_letter_names_its_job() -> None:
+    batch = run_stage([good(0), record(1, b'{"user": "a", "amount": "ten"}')], PandasEngine())
+    [letter] = [DeadLetter.FromString(o.value) for o in batch.outputs if o.topic == Topic.COMPUTE_DLQ]
+    assert letter.job == JOB.name and letter.source_offset == 1
+
+
 def test_undecodable_bytes_are_rejected_without_an_envelope() -> None:
     bad = Message(topic=Topic.DEDUP_RECORDS, partition=0, offset=5, key=b"x", value=b"\xff\x00junk")
     frame = build_frame([good(0), bad], SCHEMA)

@@ -118,6 +118,8 @@ class Letter:
     def job(self) -> str | None:
         """The compute job the letter is of, where it says: the merge hop's partial, the sink's
         result change, the partials topic it came from, or the map hop's reason."""
+        if self.letter.job:
+            return self.letter.job
         if isinstance(self.original, PartialAggregate | ResultChange) and self.original.job:
             return self.original.job
         topic = _PARTIALS_TOPIC.search(self.letter.source_topic)
@@ -146,6 +148,11 @@ class Letter:
                 "key": _text(original.key),
                 "payload": _text(original.payload),
                 "headers": dict(original.headers),
+                "stream": original.stream or "default",
+                # A re-driven record's (onceflow dlq redrive): the job it went back to, and how
+                # many times it has been re-driven.
+                "redrive_job": original.redrive_job,
+                "redrive_count": original.redrive_count,
             }
         if isinstance(original, ResultChange | PartialAggregate):
             fields = _message_dict(original)

@@ -54,11 +54,12 @@ class Invalid:
 
 def check_record(
     index: int, record: IngestRecord, limits: Limits, field_prefix: str = "records", now_ms: int | None = None,
-    stream_exists: Callable[[str], bool] | None = None,
+    stream_exists: Callable[[str], bool] | None = None, redrive: bool = False,
 ) -> Invalid | None:
     """Why ``record`` cannot be taken, or None. ``now_ms``: the taking clock, against which the
     event time is bounded (None: not checked). ``stream_exists``: whether a stream exists (None:
-    not checked; a spout whose stream is a setting checks it once, at start)."""
+    not checked; a spout whose stream is a setting checks it once, at start). ``redrive``: the
+    record may carry the redrive fields (only `onceflow dlq redrive` sets them)."""
     where = f"{field_prefix}[{index}]"
     record_id = record.record_id
     if not record_id:
@@ -74,6 +75,9 @@ def check_record(
         return Invalid(index, f"{where}.record_id", f"holds a NUL byte (at byte {record_id.index(0)}), which is reserved")
     if record.stream and not streams.STREAM_NAME.fullmatch(record.stream.decode("ascii", "replace")):
         return Invalid(index, f"{where}.stream", f"{record.stream[:120]!r}: 1 to 100 of A-Z, a-z, 0-9, '_' and '-'")
+    if not redrive and (record.redrive_job or record.redrive_count):
+        field = "redrive_job" if record.redrive_job else "redrive_count"
+        return Invalid(index, f"{where}.{field}", "set only by `onceflow dlq redrive`, never by a client")
     if stream_exists is not None and not stream_exists(record.stream.decode()):
         return Invalid(index, f"{where}.stream", streams.missing_stream(record.stream.decode()))
     if len(record.payload) > limits.max_payload_bytes:

@@ -68,16 +68,20 @@ def stream_of_topic(topic: str) -> str | None:
     return name if STREAM_NAME.fullmatch(name) else None
 
 
-def identity(stream: str, record_id: str) -> str:
-    """What the gate deduplicates by: the record_id within its stream."""
+def identity(stream: str, record_id: str, redrive_job: str = "", redrive_count: int = 0) -> str:
+    """What the gate deduplicates by: the record_id within its stream; a re-driven compute
+    letter's (``onceflow dlq redrive``) also names its job and its redrive count, so it is a
+    record of its own, once per count (docs/decisions/0026)."""
     name = canonical(stream)
+    if redrive_job:
+        return SEPARATOR.join((name, record_id, redrive_job, str(redrive_count)))
     return f"{name}{SEPARATOR}{record_id}" if name else record_id
 
 
 def split_identity(key: str) -> tuple[str, str]:
     """(stream, record_id) of a gate key."""
-    name, sep, record_id = key.partition(SEPARATOR)
-    return (name, record_id) if sep else (DEFAULT, key)
+    name, sep, rest = key.partition(SEPARATOR)
+    return (display(name), rest.partition(SEPARATOR)[0]) if sep else (DEFAULT, key)
 
 
 @dataclass

@@ -32,14 +32,18 @@ class Frame:
     envelopes: list[Envelope]
     # Every record that cannot enter the job: (record, its envelope if it had one, reason).
     rejected: list[tuple[Message, Envelope | None, str]] = field(default_factory=list)
+    # Records re-driven to another job (Envelope.redrive_job): not this job's, not an error.
+    passed_over: list[Envelope] = field(default_factory=list)
 
 
 def parse_options(schema: pa.Schema) -> pj.ParseOptions:
     return pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
 
 
-def build_frame(records: list[Message], schema: pa.Schema) -> Frame:
+def build_frame(records: list[Message], schema: pa.Schema, job: str = "") -> Frame:
+    """``job``: the reading job's name; a record re-driven to another job is passed over."""
     options = parse_options(schema)
+    passed_over: list[Envelope] = []
     good: list[Message] = []
     envelopes: list[Envelope] = []
     lines: list[bytes] = []
@@ -49,6 +53,9 @@ def build_frame(records: list[Message], schema: pa.Schema) -> Frame:
             envelope = decode_envelope(record.value() or b"")
         except Exception as exc:  # noqa: BLE001 - undecodable bytes are poison, not a crash
             rejected.append((record, None, f"not an envelope: {exc}"))
+            continue
+        if envelope.redrive_job and envelope.redrive_job != job:
+            passed_over.append(envelope)
             continue
         line = _one_line(envelope.payload)
         if not line:
@@ -67,7 +74,7 @@ def build_frame(records: list[Message], schema: pa.Schema) -> Frame:
         lines = [line for i, line in enumerate(lines) if i not in reasons]
         keep = _parse(lines, options) if lines else None
     table = keep if keep is not None else schema.empty_table()
-    return Frame(_with_metadata(table, envelopes), good, envelopes, rejected)
+    return Frame(_with_metadata(table, envelopes), good, envelopes, rejected, passed_over)
 
 
 def _one_line(payload: bytes) -> bytes:

@@ -43,6 +43,7 @@ from onceflow.state.store import StoreUnavailable
 from onceflow.topology import Topic
 from onceflow.txn.driver import ConsumerDriver, LoopStats
 from onceflow.txn.errors import FencedError
+from onceflow.txn.letter_log import LETTERS
 from onceflow.txn.offsets import committed_offsets
 from onceflow.txn.producer import TxnOutcome
 from onceflow.v1.acker_pb2 import Anchor
@@ -269,7 +270,7 @@ class SinkWorker(ConsumerDriver):
             return False
         faults.point("after_dead_letters")
         for record, reason in letters:
-            log.warning("dead letter from %s[%d]@%d: %s", record.topic(), partition, record.offset(), reason)
+            LETTERS.note("sink", "InvalidResultChange", reason, f"{record.topic()}[{partition}]@{record.offset()}")
         self.owned[partition].letters_done = last + 1
         self.stats.dead_letters += len(letters)
         metrics.DEAD_LETTERS.labels("sink").inc(len(letters))

@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -14,10 +15,12 @@ from rich.console import Console
 from rich.table import Table
 
 from onceflow.config import CommonSettings
+from onceflow.topology import Topic
 from onceflow_client.dlq import DLQ_TOPICS, DeadLetters, Letter, LetterFilter, reason_counts
+from onceflow_tools import redrive as redrive_tool
 from onceflow_tools.cli.options import full_width_console
 
-app = typer.Typer(no_args_is_help=True, help="Dead letters: list, show and follow them (read_committed).")
+app = typer.Typer(no_args_is_help=True, help="Dead letters: list, show, follow and re-drive them (read_committed).")
 console = full_width_console()  # a pipe or a file gets every column whole
 
 Prefix = Annotated[
@@ -158,3 +161,69 @@ def tail(
             pass
     if not as_json:
         console.print(f"{seen} new dead letter(s)" if seen else f"no new dead letters in {_where(reader)}", highlight=False)
+
+
+@app.command()
+def redrive(
+    prefix: Prefix = None, bootstrap: Bootstrap = None, topic: Topics = None, stage: Stage = None, job: Job = None,
+    reason: Reason = None, record_id: RecordId = None,
+    fix: Annotated[
+        Path | None,
+        typer.Option(
+            "--fix", exists=True, dir_okay=False, show_default=False,
+            help='JSON lines {"record_id": ..., "payload": {...}}: the corrected payloads; only those letters are re-driven.',
+        ),
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be re-driven; write nothing.")] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+) -> None:
+    """Send the chosen letters back, exactly once: a compute job's letter to that job alone,
+    a gate letter to its stream; a second redrive of the same letters changes nothing
+    (docs/decisions/0026)."""
+    fixes = _read_fixes(fix) if fix is not None else None
+    with _reader(prefix, bootstrap, topic) as reader:
+        letters = reader.list(LetterFilter(stage, job, reason, record_id))
+        common = CommonSettings(
+            kafka_bootstrap=bootstrap or CommonSettings().kafka_bootstrap, topic_prefix=reader.prefix,
+        )
+    if fixes is not None:
+        letters = [letter for letter in letters if letter.record_id in fixes]
+    chosen = redrive_tool.plan(letters, fixes)
+    for why, count in chosen.refusals().most_common():
+        console.print(f"  left {count:>6}: {why}", highlight=False)
+    if not chosen.records:
+        console.print(f"nothing to re-drive ({len(letters)} letter(s) chosen)", highlight=False)
+        raise typer.Exit(1 if letters else 0)
+    for target, count in chosen.targets.most_common():
+        console.print(f"  {count:>6} record(s) to {target}", highlight=False)
+    if chosen.fixed:
+        console.print(f"  {chosen.fixed} with a corrected payload from {fix}", highlight=False)
+    if dry_run:
+        console.print(f"dry run: {len(chosen.records)} record(s) would be re-driven", highlight=False)
+        return
+    if not yes and not typer.confirm(f"re-drive {len(chosen.records)} record(s)?"):
+        raise typer.Exit(1)
+    try:
+        written = redrive_tool.redrive(common, chosen.records)
+    except ValueError as exc:
+        console.print(f"[red]refused:[/] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+    console.print(
+        f"re-drove {written} record(s) into {common.topic(Topic.INGEST_RECORDS)}; the gate drops any already re-driven",
+        highlight=False,
+    )
+
+
+def _read_fixes(path: Path) -> dict[str, bytes]:
+    fixes: dict[str, bytes] = {}
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+            record_id, payload = item["record_id"], item["payload"]
+        except (ValueError, KeyError, TypeError) as exc:
+            console.print(f"[red]error:[/] {path}:{number}: want {{\"record_id\": ..., \"payload\": ...}} ({exc})", highlight=False)
+            raise typer.Exit(2) from None
+        fixes[str(record_id)] = payload.encode() if isinstance(payload, str) else json.dumps(payload, separators=(",", ":")).encode()
+    return fixes

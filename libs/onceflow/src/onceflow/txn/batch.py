@@ -16,6 +16,7 @@ from onceflow.spout import NewRecord
 from onceflow.state.overlay import StateTransaction
 from onceflow.state.store import StoreT
 from onceflow.state.stores import PartitionStores
+from onceflow.txn.letter_log import LETTERS
 from onceflow.v1.acker_pb2 import Anchor, RecordRef
 from onceflow.v1.envelope_pb2 import DeadLetter, Envelope
 
@@ -63,6 +64,9 @@ class Batch(Generic[StoreT]):
     ) -> None:
         self.records = records
         self.now_ms = now_ms()
+        # The compute job whose records these are, when a stage serves one (its letters name it).
+        self.job = ""
+        LETTERS.flush_if_due()
         self._acks_topic = acks_topic
         self._acks = acks.AckBuffer(ack_partitions)
         self._anchoring = acks.Anchoring(ack_partitions, stage)
@@ -192,17 +196,13 @@ class Batch(Generic[StoreT]):
             source_partition=record.partition() or 0,
             source_offset=record.offset() or 0,
             failed_at_ms=now_ms(),
+            job=self.job,
         )
-        # Late records are expected in event-time jobs (counted, not warned about one by one).
-        log.log(
-            logging.WARNING if topic is None else logging.DEBUG,
-            "dead letter from %s[%s]@%s: %s: %s",
-            record.topic(),
-            record.partition(),
-            record.offset(),
-            error_class,
-            error,
-        )
+        where = f"{record.topic()}[{record.partition()}]@{record.offset()}"
+        if topic is None:
+            LETTERS.note(self._stage, error_class, letter.message, where)
+        else:  # late records are expected in event-time jobs: counted, not warned about
+            log.debug("dead letter from %s: %s: %s", where, error_class, error)
         self.emit(topic or self._dlq_topic, letter.SerializeToString(), key=record.key())
         if topic is None:
             self.dead_letters += 1

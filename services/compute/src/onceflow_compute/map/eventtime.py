@@ -120,6 +120,7 @@ class EventTimeGate:
             [r for r, k in zip(frame.records, keep, strict=True) if k],
             [e for e, k in zip(frame.envelopes, keep, strict=True) if k],
             frame.rejected,
+            frame.passed_over,
         )
         return kept, late, marks
 

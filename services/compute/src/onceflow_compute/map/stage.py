@@ -68,11 +68,14 @@ class MapStage:
         self._layout = fingerprint(describe(job))
 
     def process(self, batch: Batch[MemoryStore]) -> None:
-        frame = build_frame(batch.records, self.job.schema)
+        batch.job = self.job.name
+        frame = build_frame(batch.records, self.job.schema, self.job.name)
         for record, envelope, reason in frame.rejected:
             batch.dead_letter(record, reason)
             if envelope is not None:
                 batch.ack(envelope)  # dead-lettered is processed: the tree ends here
+        # frame.passed_over: re-driven to another job of the stream (onceflow dlq redrive). Not
+        # acked: the tree is that job's to finish, and a second ack of one edge would undo it (XOR).
         late = 0
         marks: dict[int, int] = {}
         if self.event_time is not None:
