@@ -34,6 +34,7 @@ import pytest
 from onceflow import streams
 from onceflow.config import CommonSettings
 from onceflow.kafka.inspect import committed_offsets, read_committed
+from onceflow.kafka.registry import read_registry
 from onceflow.service_main import EXIT_USAGE
 from onceflow.topology import Topic
 from onceflow.v1.ingest_pb2 import IngestRecord
@@ -280,3 +281,25 @@ def test_refused_records_are_redriven_to_their_job_alone_exactly_once(pipeline: 
     _drained(pipeline, usersum.fold_answer(pipeline.orders), before_picky)
     refused_again = [l for l in _letters(common) if l.job == usersum.JOB and l.record_id in right and l.original.redrive_count > 1]  # type: ignore[union-attr]
     assert not refused_again
+
+
+def test_job_check_is_a_dry_run_naming_the_stream_the_state_the_rows_and_the_letters(pipeline: Pipeline, tmp_path: Path) -> None:
+    """`onceflow job check` (issue 45 item 4): nothing is deployed, nothing is written."""
+    sample = tmp_path / "payments.jsonl"
+    sample.write_text('{"payer": "pa", "cents": 5}\n{"payer": "pa", "cents": 7}\n{"payer": "pb", "cents": "lots"}\n')
+    env = {**{k: v for k, v in os.environ.items() if k != "COLUMNS"}, "ONCEFLOW_TOPIC_PREFIX": pipeline.common.topic_prefix,
+           "ONCEFLOW_KAFKA_BOOTSTRAP": pipeline.common.kafka_bootstrap}
+    done = subprocess.run([sys.executable, "-m", "onceflow_tools", "job", "check", PAY_MODULE, "--sample", str(sample)],
+                          capture_output=True, text=True, timeout=180, env=env)
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    assert f"job {PAY_JOB} (aggregation), reads stream {PAYMENTS}" in out, out
+    assert f"a deploy as {PAY_JOB}@1 would read stream {PAYMENTS}" in out, out
+    # After the two-jobs test paycount has state, which fits; run alone, it has none yet.
+    assert f"the live {PAY_JOB}'s state fits this code" in out or f"no live state of {PAY_JOB}" in out, out
+    assert "pa" in out and "12" in out  # the row: two payments, 12 cents
+    assert 'field `cents`: expected int64, got a string "lots"' in out, out
+    lost = subprocess.run([sys.executable, "-m", "onceflow_tools", "job", "check", "tests.harness.jobs.lost_stream", "--sample", str(sample)],
+                          capture_output=True, text=True, timeout=180, env=env)
+    assert "a deploy would be refused: no stream 'nosuch'" in lost.stdout, lost.stdout + lost.stderr
+    assert PAY_JOB not in {name for name in read_registry(pipeline.common)}  # nothing was deployed

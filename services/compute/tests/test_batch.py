@@ -174,6 +174,23 @@ def test_bigspend_transform(engine: SparkEngine, tmp_path: Path) -> None:
     assert (result.rows_in, result.dropped) == (6, 1)
 
 
+def test_a_job_spark_cannot_plan_fails_naming_the_column_not_the_plan(engine: SparkEngine, tmp_path: Path) -> None:
+    """Issue 45: Status showed `AnalysisException: +- LogicalRDD , false`, the plan's last line;
+    the reason is the first (`amount` cannot be resolved, and what was meant)."""
+    from pyspark.sql import functions as F
+
+    from onceflow_compute.engine.run import JobFailed
+
+    schema = pa.schema([pa.field("user", pa.string(), nullable=False), pa.field("amount_cents", pa.int64(), nullable=False)])
+    typo = Transform(name="typo", schema=schema, key="user", transform=lambda df: df.select("user", (F.col("amount") * 2).alias("x")))
+    path = _write_lines(tmp_path / "cents.jsonl", ['{"user": "ann", "amount_cents": 5}', '{"user": "bob", "amount_cents": 7}'])
+    with pytest.raises(JobFailed) as failed:
+        batch.run_batch(typo, path, engine)
+    message = str(failed.value)
+    assert "Spark cannot plan it" in message and "`amount` cannot be resolved" in message, message
+    assert "amount_cents" in message and "LogicalRDD" not in message, message
+
+
 def _metadata(frame: DataFrame) -> DataFrame:
     return frame.select("_record_id", "_key", "_event_time_ms", "_ingest_time_ms", "v")
 
@@ -246,3 +263,4 @@ print("pyspark" in sys.modules, "onceflow_compute" in sys.modules)
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "False"]
+

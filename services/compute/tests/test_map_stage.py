@@ -171,3 +171,26 @@ def test_a_lone_failing_record_is_poison_only_once_the_job_has_worked() -> None:
     batch = Batch([good(2, amount=7)], None, Topic.COMPUTE_DLQ, "compute", Topic.ACKER_ACKS, 1)
     stage.process(batch)
     assert batch.dead_letters == 1
+
+
+def test_an_errors_meaningful_line_is_kept() -> None:
+    """Issue 45: Status showed `AnalysisException: +- LogicalRDD , false`, the plan's last line."""
+    from onceflow_compute.engine.run import describe
+
+    class AnalysisException(Exception):
+        pass
+
+    class PythonException(Exception):
+        pass
+
+    plan = AnalysisException(
+        "[UNRESOLVED_COLUMN.WITH_SUGGESTION] A column or function parameter with name `amount` cannot be resolved. "
+        "Did you mean one of the following? [`amount_cents`, `user`].;\n'Aggregate [user#1]\n+- LogicalRDD , false"
+    )
+    assert describe(plan) == (
+        "AnalysisException: [UNRESOLVED_COLUMN.WITH_SUGGESTION] A column or function parameter with name `amount` cannot "
+        "be resolved. Did you mean one of the following? [`amount_cents`, `user`].;"
+    )
+    worker = PythonException('\n  An exception was thrown from the Python worker.\nTraceback (most recent call last):\n  File "x.py"\nValueError: 13 is unlucky\n')
+    assert describe(worker) == "PythonException: ValueError: 13 is unlucky"
+    assert describe(ValueError("one line")) == "ValueError: one line"

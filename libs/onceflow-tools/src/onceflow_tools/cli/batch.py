@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from onceflow.config import runtime_dir
+from onceflow_tools.cli.options import full_width_console
 from onceflow_tools.jvm_output import stderr_to
 
-console = Console()
+console = full_width_console()  # a pipe or a file gets every column whole
 
 
 class InputFormat(str, enum.Enum):
@@ -85,12 +85,24 @@ def batch(
     if output is not None:
         with output.open("wb") as out:
             result.write_jsonl(out)
-    _summary(result, output)
+    summary(result, output)
     if output is None:
-        _rows(result, limit)
+        rows(result, limit)
 
 
-def _summary(result, output: Path | None) -> None:  # type: ignore[no-untyped-def] - a BatchResult
+def letters(result) -> None:  # type: ignore[no-untyped-def] - a BatchResult
+    """The records the job would dead-letter, each with its line (or row) and reason."""
+    if not result.examples:
+        return
+    table = Table(title=f"dead letters: the first {len(result.examples)} of {result.dropped:,}, with their reasons")
+    table.add_column("line")
+    table.add_column("reason", overflow="fold")
+    for line, reason in result.examples:
+        table.add_row(str(line), escape(reason))
+    console.print(table)
+
+
+def summary(result, output: Path | None) -> None:  # type: ignore[no-untyped-def] - a BatchResult
     table = Table(show_header=False, box=None)
     table.add_row("job", f"{result.job} ({result.kind})")
     table.add_row("rows in", f"{result.rows_in:,}")
@@ -104,15 +116,15 @@ def _summary(result, output: Path | None) -> None:  # type: ignore[no-untyped-de
     console.print(table)
 
 
-def _rows(result, limit: int) -> None:  # type: ignore[no-untyped-def] - a BatchResult
-    rows = result.sorted_rows()[: max(limit, 0)]
-    if not rows:
+def rows(result, limit: int) -> None:  # type: ignore[no-untyped-def] - a BatchResult
+    shown = result.sorted_rows()[: max(limit, 0)]
+    if not shown:
         return
-    columns = list(dict.fromkeys(name for row in rows for name in row))
-    table = Table(title=f"first {len(rows)} of {len(result.table):,} rows, by key")
+    columns = list(dict.fromkeys(name for row in shown for name in row))
+    table = Table(title=f"first {len(shown)} of {len(result.table):,} rows, by key")
     for column in columns:
         table.add_column(column)
-    for row in rows:
+    for row in shown:
         table.add_row(*(_cell(row.get(column)) for column in columns))
     console.print(table)
 

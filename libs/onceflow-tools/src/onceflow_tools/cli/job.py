@@ -7,16 +7,22 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from onceflow.config import CommonSettings
+from confluent_kafka import KafkaException
+
+from onceflow import streams
+from onceflow.config import CommonSettings, runtime_dir
 from onceflow.kafka.registry import ConcurrentChange, read_registry
 from onceflow.topology import versioned
 from onceflow_sink.versions import check_retirable, record_of
+from onceflow_tools.cli import batch as batch_view
 from onceflow_tools.cli.options import full_width_console
+from onceflow_tools.jvm_output import stderr_to
 from onceflow_tools.jobs import lifecycle
 from onceflow_tools.jobs.lifecycle import EARLIEST, JobCommandError
 
@@ -81,6 +87,48 @@ def deploy(
             if key not in ("ONCEFLOW_COMPUTE_HOST", "ONCEFLOW_COMPUTE_PORT", "ONCEFLOW_COMPUTE_METRICS_PORT"):
                 console.print(f"    {key}={value}", highlight=False)
     console.print(f"next: onceflow job status {deployed.job}, then onceflow job promote {deployed.job} {deployed.version.version}", highlight=False)
+
+
+@app.command()
+def check(
+    module: Annotated[str, typer.Argument(help="A built-in job or a dotted module path defining `job`.")],
+    sample: Annotated[
+        Path, typer.Option("--sample", exists=True, readable=True, show_default=False, help="JSON lines (one payload a line) or Parquet.")
+    ],
+    limit: Annotated[int, typer.Option(help="Result rows to show.")] = 20,
+    offline: Annotated[bool, typer.Option("--offline", help="Do not ask the pipeline (its stream, its live state).")] = False,
+    spark_master: Annotated[
+        str, typer.Option("--spark-master", envvar="ONCEFLOW_COMPUTE_SPARK_MASTER", help="Spark master URL.")
+    ] = "local[*]",
+) -> None:
+    """The dry run before a deploy: load MODULE, say what it would read and whether the live
+    version's state would carry over, then run it on the sample in batch mode and print its
+    rows and the records it would dead-letter, each with its reason. Changes nothing."""
+    from onceflow_compute import batch as compute_batch  # the compute package (and pyspark) only when it runs
+
+    with _refusals():
+        job = lifecycle.load_module(module)
+    name, stream = job.name, streams.display(job.stream)  # type: ignore[attr-defined]
+    console.print(f"job {name} ({job.kind}), reads stream {stream}", highlight=False)  # type: ignore[attr-defined]
+    if not offline:
+        try:
+            for note in lifecycle.check_notes(CommonSettings(), job):
+                console.print(f"  {note}", highlight=False)
+        except KafkaException as exc:
+            console.print(f"  the pipeline did not answer ({exc}): its stream and state not checked (--offline skips this)", highlight=False)
+    spark_log = runtime_dir() / "logs" / "batch-spark.log"
+    with console.status(f"running {name} over {sample.name} on Spark {spark_master} ..."), stderr_to(spark_log):
+        try:
+            result = compute_batch.run_batch(module, sample, spark_master=spark_master)
+        except compute_batch.JobFailed as exc:
+            console.print(f"[red]the job fails:[/] {exc} (Spark's own log: {spark_log})", highlight=False)
+            raise typer.Exit(1) from None
+        except (OSError, ValueError) as exc:
+            console.print(f"[red]{sample}[/]: {exc}", highlight=False)
+            raise typer.Exit(2) from None
+    batch_view.summary(result, None)
+    batch_view.rows(result, limit)
+    batch_view.letters(result)
 
 
 @app.command("list")

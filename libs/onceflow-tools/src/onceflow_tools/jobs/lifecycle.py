@@ -21,7 +21,7 @@ from onceflow import streams
 from onceflow.codec import now_ms
 from onceflow.config import CommonSettings
 from onceflow.kafka import clients, positions
-from onceflow.kafka.registry import RegistryWriter
+from onceflow.kafka.registry import RegistryWriter, read_registry
 from onceflow.redis_client import connect
 from onceflow.topology import COMPUTE_MAP, parse_version, versioned
 from onceflow.versions import JobRecord, Version, VersionState
@@ -142,6 +142,20 @@ def deploy(
     if isinstance(job, Transform):
         notes.append("a transform keeps no state: its rows are written as its map hop reads them")
     return Deployed(name, deployed, started, env, notes)
+
+
+def check_notes(common: CommonSettings, job: object) -> list[str]:
+    """What a deploy of ``job`` would meet (`onceflow job check`): its stream, what it would
+    read, and whether the live version's state fits it. Reads only."""
+    stream: str = streams.canonical(job.stream)  # type: ignore[attr-defined]
+    name: str = job.name  # type: ignore[attr-defined]
+    if not streams.lookup(common, stream):
+        return [f"a deploy would be refused: {streams.missing_stream(stream)}"]
+    record = read_registry(common).get(name) or JobRecord(name)
+    next_name = versioned(name, record.next_version())
+    notes = [f"a deploy as {next_name} would read {streams.reading(common, stream, COMPUTE_MAP.group_id(common.topic_prefix, next_name))}"]
+    notes += state_notes(common, record, job) or [f"no live state of {name} to compare with"]
+    return notes
 
 
 def history_notes(common: CommonSettings, start_from: str, stream: str = "") -> list[str]:

@@ -91,8 +91,16 @@ def transform_rows(job: Transform, outputs: list[pa.Table]) -> Iterator[tuple[st
 
 
 def describe(exc: BaseException) -> str:
+    """The error's one meaningful line (issue 45: it goes into the letter, the log, Status and
+    the console). A Python traceback's is its last (Spark's PythonException carries the worker's
+    whole traceback); anything else's is its first: an AnalysisException's message comes first
+    and its logical plan after ("+- LogicalRDD , false" was all Status showed)."""
     text = str(exc).strip()
-    # Spark's PythonException carries the worker's whole traceback: keep its last line.
-    lines = [line for line in text.splitlines() if line.strip()]
-    summary = lines[-1] if lines else ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        summary = ""
+    elif type(exc).__name__ == "PythonException" or any(line.startswith("Traceback (most recent call last)") for line in lines):
+        summary = lines[-1]
+    else:
+        summary = lines[0]
     return f"{type(exc).__name__}: {summary}"[:1000]
