@@ -74,6 +74,12 @@ def test_every_service_is_deployable_everywhere() -> None:
         assert f"onceflow-{service}" in project["scripts"]
 
 
+def test_the_clients_default_ports_are_the_services() -> None:
+    from onceflow_client.addresses import DEFAULT_PORTS
+
+    assert DEFAULT_PORTS == {name: topology.service(name).grpc_port for name in DEFAULT_PORTS}
+
+
 @pytest.mark.parametrize("service", sorted(packages()))
 def test_ports_agree_with_the_settings_defaults(service: str) -> None:
     fields = settings_class(service).model_fields

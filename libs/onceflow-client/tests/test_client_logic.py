@@ -225,3 +225,17 @@ def test_an_async_tail_is_an_async_context_manager_that_closes(monkeypatch: pyte
 
     assert asyncio.run(use()) is False  # open inside the block
     assert kafka.closed
+
+
+def test_a_client_given_no_address_finds_its_service_in_the_services_file(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    from onceflow_client import IngestClient, QueryClient
+    from onceflow_client.addresses import SERVICES_CONFIG_ENV
+
+    monkeypatch.delenv(SERVICES_CONFIG_ENV, raising=False)
+    with IngestClient() as ingest, QueryClient() as query:
+        assert (ingest.address, query.address) == ("127.0.0.1:15051", "127.0.0.1:15055")
+    config = tmp_path / "services.toml"
+    config.write_text('[[service]]\nname = "ingest"\naddress = "10.0.0.7:25051"\n\n[[service]]\nname = "sink"\naddress = "10.0.0.8:25055"\n')
+    monkeypatch.setenv(SERVICES_CONFIG_ENV, str(config))
+    with IngestClient() as ingest, QueryClient() as query, IngestClient("h:1") as named:
+        assert (ingest.address, query.address, named.address) == ("10.0.0.7:25051", "10.0.0.8:25055", "h:1")

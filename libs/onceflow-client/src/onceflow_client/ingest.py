@@ -17,6 +17,7 @@ import grpc
 
 from onceflow.v1 import ingest_pb2, ingest_pb2_grpc
 from onceflow.v1.ingest_pb2 import IngestRecord
+from onceflow_client.addresses import default_address
 from onceflow_client.records import RecordLike, to_record
 from onceflow_client.tls import ClientTLS, aio_channel, sync_channel
 
@@ -125,8 +126,10 @@ class IngestClient:
     one call. Both retry retriable failures with the same records."""
 
     def __init__(
-        self, address: str, policy: RetryPolicy | None = None, tls: ClientTLS | None = None, stream: str = ""
+        self, address: str | None = None, policy: RetryPolicy | None = None, tls: ClientTLS | None = None, stream: str = ""
     ) -> None:
+        # None: ingest's first instance in ONCEFLOW_SERVICES_CONFIG, else 127.0.0.1:15051.
+        address = address or default_address("ingest")
         self.address = address
         # The named stream records belong to unless one names its own (docs/decisions/0025).
         self.record_stream = stream
@@ -180,8 +183,10 @@ class AsyncIngestClient:
     flight on one client."""
 
     def __init__(
-        self, address: str, policy: RetryPolicy | None = None, tls: ClientTLS | None = None, stream: str = ""
+        self, address: str | None = None, policy: RetryPolicy | None = None, tls: ClientTLS | None = None, stream: str = ""
     ) -> None:
+        # None: ingest's first instance in ONCEFLOW_SERVICES_CONFIG, else 127.0.0.1:15051.
+        address = address or default_address("ingest")
         self.address = address
         # The named stream records belong to unless one names its own (docs/decisions/0025).
         self.record_stream = stream

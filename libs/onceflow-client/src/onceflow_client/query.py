@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from onceflow.v1 import sink_pb2, sink_pb2_grpc
+from onceflow_client.addresses import default_address
 from onceflow_client.tls import ClientTLS, aio_channel, bearer, sync_channel
 
 MAX_PAGE = 10_000  # the Query service's most rows per Scan
@@ -40,7 +41,9 @@ def decode(value: bytes) -> Any:
 class QueryClient:
     """Blocking. ``token``: the read token, when the services require one (ONCEFLOW_READ_TOKEN)."""
 
-    def __init__(self, address: str, token: str = "", tls: ClientTLS | None = None, timeout_s: float = 10.0) -> None:
+    def __init__(self, address: str | None = None, token: str = "", tls: ClientTLS | None = None, timeout_s: float = 10.0) -> None:
+        # None: the sink's first instance in ONCEFLOW_SERVICES_CONFIG, else 127.0.0.1:15055.
+        address = address or default_address("sink")
         self.address = address
         self.timeout_s = timeout_s
         self._metadata = bearer(token)
@@ -83,7 +86,9 @@ class QueryClient:
 class AsyncQueryClient:
     """The same for asyncio (grpc.aio)."""
 
-    def __init__(self, address: str, token: str = "", tls: ClientTLS | None = None, timeout_s: float = 10.0) -> None:
+    def __init__(self, address: str | None = None, token: str = "", tls: ClientTLS | None = None, timeout_s: float = 10.0) -> None:
+        # None: the sink's first instance in ONCEFLOW_SERVICES_CONFIG, else 127.0.0.1:15055.
+        address = address or default_address("sink")
         self.address = address
         self.timeout_s = timeout_s
         self._metadata = bearer(token)
