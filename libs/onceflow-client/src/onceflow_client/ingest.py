@@ -19,7 +19,7 @@ from onceflow.v1 import ingest_pb2, ingest_pb2_grpc
 from onceflow.v1.ingest_pb2 import IngestRecord
 from onceflow_client.addresses import default_address
 from onceflow_client.records import RecordLike, to_record
-from onceflow_client.tls import ClientTLS, aio_channel, sync_channel
+from onceflow_client.tls import ClientTLS, aio_channel, bearer, sync_channel
 
 log = logging.getLogger(__name__)
 
@@ -126,11 +126,14 @@ class IngestClient:
     one call. Both retry retriable failures with the same records."""
 
     def __init__(
-        self, address: str | None = None, policy: RetryPolicy | None = None, tls: ClientTLS | None = None, stream: str = ""
+        self, address: str | None = None, policy: RetryPolicy | None = None, tls: ClientTLS | None = None, stream: str = "",
+        token: str = "",
     ) -> None:
         # None: ingest's first instance in ONCEFLOW_SERVICES_CONFIG, else 127.0.0.1:15051.
         address = address or default_address("ingest")
         self.address = address
+        # The producer's token (docs/decisions/0027): its record_ids are its own.
+        self._metadata = bearer(token)
         # The named stream records belong to unless one names its own (docs/decisions/0025).
         self.record_stream = stream
         self.policy = policy or RetryPolicy()
@@ -155,7 +158,7 @@ class IngestClient:
         retries = _Retries(self.policy)
         while True:
             try:
-                reply: ingest_pb2.IngestReply = self._stub.Ingest(request, timeout=self.policy.call_timeout_s)
+                reply: ingest_pb2.IngestReply = self._stub.Ingest(request, timeout=self.policy.call_timeout_s, metadata=self._metadata)
                 return reply
             except grpc.RpcError as exc:
                 pause = retries.next_wait(exc, request.records)
@@ -171,7 +174,7 @@ class IngestClient:
         retries = _Retries(self.policy)
         while True:
             try:
-                return _stream_result(self._stub.IngestStream(iter(requests), timeout=self.policy.call_timeout_s), sent)
+                return _stream_result(self._stub.IngestStream(iter(requests), timeout=self.policy.call_timeout_s, metadata=self._metadata), sent)
             except grpc.RpcError as exc:
                 pause = retries.next_wait(exc, sent)
                 self.retries += 1
@@ -183,11 +186,14 @@ class AsyncIngestClient:
     flight on one client."""
 
     def __init__(
-        self, address: str | None = None, policy: RetryPolicy | None = None, tls: ClientTLS | None = None, stream: str = ""
+        self, address: str | None = None, policy: RetryPolicy | None = None, tls: ClientTLS | None = None, stream: str = "",
+        token: str = "",
     ) -> None:
         # None: ingest's first instance in ONCEFLOW_SERVICES_CONFIG, else 127.0.0.1:15051.
         address = address or default_address("ingest")
         self.address = address
+        # The producer's token (docs/decisions/0027): its record_ids are its own.
+        self._metadata = bearer(token)
         # The named stream records belong to unless one names its own (docs/decisions/0025).
         self.record_stream = stream
         self.policy = policy or RetryPolicy()
@@ -209,7 +215,7 @@ class AsyncIngestClient:
         retries = _Retries(self.policy)
         while True:
             try:
-                reply: ingest_pb2.IngestReply = await self._stub.Ingest(request, timeout=self.policy.call_timeout_s)
+                reply: ingest_pb2.IngestReply = await self._stub.Ingest(request, timeout=self.policy.call_timeout_s, metadata=self._metadata)
                 return reply
             except grpc.RpcError as exc:
                 pause = retries.next_wait(exc, request.records)
@@ -225,7 +231,7 @@ class AsyncIngestClient:
         retries = _Retries(self.policy)
         while True:
             try:
-                reply = await self._stub.IngestStream(iter(requests), timeout=self.policy.call_timeout_s)
+                reply = await self._stub.IngestStream(iter(requests), timeout=self.policy.call_timeout_s, metadata=self._metadata)
                 return _stream_result(reply, sent)
             except grpc.RpcError as exc:
                 pause = retries.next_wait(exc, sent)

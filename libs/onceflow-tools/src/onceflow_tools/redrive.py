@@ -90,6 +90,7 @@ def plan(letters: Iterable[Letter], fixes: Mapping[str, bytes] | None = None) ->
             stream=original.stream.encode(),
             redrive_job=job,
             redrive_count=original.redrive_count + 1 if job else 0,
+            producer=original.producer,  # the record stays in its producer's id space (docs/decisions/0027)
         )
         invalid = spout.check_record(0, record, LIMITS, field_prefix="letter", redrive=True)
         if invalid is not None:

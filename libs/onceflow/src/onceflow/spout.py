@@ -75,6 +75,8 @@ def check_record(
         return Invalid(index, f"{where}.record_id", f"holds a NUL byte (at byte {record_id.index(0)}), which is reserved")
     if record.stream and not streams.STREAM_NAME.fullmatch(record.stream.decode("ascii", "replace")):
         return Invalid(index, f"{where}.stream", f"{record.stream[:120]!r}: 1 to 100 of A-Z, a-z, 0-9, '_' and '-'")
+    if record.producer and not redrive:
+        return Invalid(index, f"{where}.producer", "set by ingest from the caller's credential, never by a client")
     if not redrive and (record.redrive_job or record.redrive_count):
         field = "redrive_job" if record.redrive_job else "redrive_count"
         return Invalid(index, f"{where}.{field}", "set only by `onceflow dlq redrive`, never by a client")
@@ -108,14 +110,18 @@ def event_time_ahead(event_time_ms: int, now_ms: int, limit_ms: int) -> str:
     )
 
 
-def envelope_bytes(record: IngestRecord, ingest_time_ms: int, root_id: int, edge_id: int, attempt: int = 1) -> bytes:
+def envelope_bytes(
+    record: IngestRecord, ingest_time_ms: int, root_id: int, edge_id: int, attempt: int = 1, producer: str = ""
+) -> bytes:
     """A checked record as the serialized first envelope of a new tuple tree.
 
     IngestRecord shares Envelope's field numbers (see ingest.proto), so the record's own bytes
     followed by the fields ingest adds parse as one Envelope: protobuf merges concatenated
-    messages. Much cheaper than building and encoding an Envelope per record.
+    messages. Much cheaper than building and encoding an Envelope per record. ``producer``: the
+    caller's, from its credential (docs/decisions/0027). The caller strips the record's unknown
+    fields first (``IngestRequest.DiscardUnknownFields``): they would pass into the envelope.
     """
-    added = Envelope(root_id=root_id, edge_id=edge_id, attempt=attempt, ingest_time_ms=ingest_time_ms)
+    added = Envelope(root_id=root_id, edge_id=edge_id, attempt=attempt, ingest_time_ms=ingest_time_ms, producer=producer)
     if not record.event_time_ms:
         added.event_time_ms = ingest_time_ms
     return record.SerializeToString() + added.SerializeToString()
@@ -131,10 +137,10 @@ class NewRecord(NamedTuple):
     edge_id: int
 
 
-def new_record(record: IngestRecord, ingest_time_ms: int) -> NewRecord:
+def new_record(record: IngestRecord, ingest_time_ms: int, producer: str = "") -> NewRecord:
     """The record as the root of a fresh tree (random root and edge ids, attempt 1)."""
     root_id, edge_id = new_id(), new_id()
-    return NewRecord(record.record_id, envelope_bytes(record, ingest_time_ms, root_id, edge_id), root_id, edge_id)
+    return NewRecord(record.record_id, envelope_bytes(record, ingest_time_ms, root_id, edge_id, producer=producer), root_id, edge_id)
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,20 +68,30 @@ def stream_of_topic(topic: str) -> str | None:
     return name if STREAM_NAME.fullmatch(name) else None
 
 
-def identity(stream: str, record_id: str, redrive_job: str = "", redrive_count: int = 0) -> str:
-    """What the gate deduplicates by: the record_id within its stream; a re-driven compute
-    letter's (``onceflow dlq redrive``) also names its job and its redrive count, so it is a
-    record of its own, once per count (docs/decisions/0026)."""
+def identity(stream: str, record_id: str, redrive_job: str = "", redrive_count: int = 0, producer: str = "") -> str:
+    """What the gate deduplicates by: the record_id within its stream and its producer's id
+    space (docs/decisions/0027); a re-driven compute letter's (``onceflow dlq redrive``) also
+    names its job and its redrive count, so it is a record of its own, once per count
+    (docs/decisions/0026). Injective: record_ids, stream and producer names hold no NUL, and a
+    record_id is never empty, so the forms below cannot meet:
+    ``id``, ``s NUL id``, ``s NUL id NUL job NUL n``, ``s NUL NUL p NUL id [NUL job NUL n]``."""
     name = canonical(stream)
-    if redrive_job:
-        return SEPARATOR.join((name, record_id, redrive_job, str(redrive_count)))
+    redrive = (redrive_job, str(redrive_count)) if redrive_job else ()
+    if producer:
+        return SEPARATOR.join((name, "", producer, record_id, *redrive))
+    if redrive:
+        return SEPARATOR.join((name, record_id, *redrive))
     return f"{name}{SEPARATOR}{record_id}" if name else record_id
 
 
 def split_identity(key: str) -> tuple[str, str]:
     """(stream, record_id) of a gate key."""
     name, sep, rest = key.partition(SEPARATOR)
-    return (display(name), rest.partition(SEPARATOR)[0]) if sep else (DEFAULT, key)
+    if not sep:
+        return DEFAULT, key
+    if rest.startswith(SEPARATOR):  # a producer's: s NUL NUL p NUL id ...
+        rest = rest[1:].partition(SEPARATOR)[2]
+    return display(name), rest.partition(SEPARATOR)[0]
 
 
 @dataclass

@@ -32,7 +32,7 @@ def _identity(request: dedup_pb2.CheckRequest | dedup_pb2.ForgetRequest, context
         streams.check_stream_name(request.stream)
     except ValueError as exc:
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"stream: {exc}")
-    return streams.identity(request.stream, record_id)
+    return streams.identity(request.stream, record_id, producer=request.producer)
 
 
 class DedupAdminServicer(dedup_pb2_grpc.DedupAdminServicer):

@@ -157,7 +157,9 @@ class DedupGate:
             return
         state = batch.state(partition_of(record))
         store = state.store
-        identity = streams.identity(envelope.stream, envelope.record_id, envelope.redrive_job, envelope.redrive_count)
+        identity = streams.identity(
+            envelope.stream, envelope.record_id, envelope.redrive_job, envelope.redrive_count, envelope.producer
+        )
         key = identity.encode()
         ingest_time = self._clock_ms(record, envelope.ingest_time_ms, batch.now_ms, skew)
         store.advance(ingest_time)

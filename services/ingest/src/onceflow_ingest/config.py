@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pathlib import Path
+
+from typing import Literal
+
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from onceflow import topology
+from onceflow.producers import Producers, is_loopback
 from onceflow.config import (
     CommonSettings,
     LoopSettings,
@@ -14,6 +19,9 @@ from onceflow.config import (
     instance_setting,
     metrics_port_setting,
 )
+
+
+RequireProducer = Literal["auto", "true", "false"]
 
 
 class IngestSettings(BaseSettings):
@@ -62,6 +70,18 @@ class IngestSettings(BaseSettings):
         le=1024,
         description="Ingest and IngestStream calls in progress at once (wait=PROCESSED and streams can stay open "
         "for long); past it, `RESOURCE_EXHAUSTED`. Health and Admin keep 8 threads of their own.",
+    )
+    producers_file: str = Field(
+        default="",
+        description="A TOML file of the producers ingest takes records from: one `[[producer]]` each, with its `name` "
+        "and the `token_sha256` of its bearer token (`onceflow producer add`). A producer's record_ids are its own: "
+        "no other caller can drop its records by sending their ids first (docs/decisions/0027).",
+    )
+    require_producer: RequireProducer = Field(
+        default="auto",
+        description="`true`: refuse callers without a producer's token (UNAUTHENTICATED); `false`: take anonymous "
+        "callers too; `auto`: required when ingest binds beyond loopback (`ONCEFLOW_INGEST_HOST`), which then needs a "
+        "producers file to start.",
     )
     max_request_bytes: int = Field(
         default=32 * 1024 * 1024,
@@ -145,6 +165,27 @@ class IngestSettings(BaseSettings):
         description="With acking on, the replayer runs on the shared loop: it reads `acker.events` in batches as "
         "these say and writes the replays.",
     )
+
+    @property
+    def producer_required(self) -> bool:
+        if self.require_producer == "auto":
+            return not is_loopback(self.host)
+        return self.require_producer == "true"
+
+    @model_validator(mode="after")
+    def _producers_known_where_required(self) -> IngestSettings:
+        if self.producers_file:
+            Producers.load(Path(self.producers_file))  # a file that cannot be used fails at start, naming the entry
+        elif self.producer_required:
+            raise ValueError(
+                f"ingest binds {self.host}, beyond loopback, and takes records from known producers only: set "
+                "ONCEFLOW_INGEST_PRODUCERS_FILE (`onceflow producer add NAME`), or ONCEFLOW_INGEST_REQUIRE_PRODUCER=false "
+                "to take anonymous callers, whose record_ids any other caller can take first (docs/decisions/0027)"
+            )
+        return self
+
+    def producers(self) -> Producers | None:
+        return Producers.load(Path(self.producers_file)) if self.producers_file else None
 
     @property
     def transactional_id(self) -> str:

@@ -86,7 +86,7 @@ class IngestService:
             linger_ms=settings.linger_ms,
             acking=acking,
         )
-        self.servicer = IngestServicer(settings, self.committer, streams.directory(settings.common))
+        self.servicer = IngestServicer(settings, self.committer, streams.directory(settings.common), settings.producers())
         self.server = ServiceServer.for_service(
             "ingest", settings, self,
             max_receive_bytes=settings.max_request_bytes,

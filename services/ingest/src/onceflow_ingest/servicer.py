@@ -12,6 +12,7 @@ import grpc
 from onceflow import metrics
 from onceflow.admin import CallSlots
 from onceflow.codec import now_ms
+from onceflow.producers import Producers
 from onceflow.spout import Invalid, Limits, NewRecord, check_record, new_record
 from onceflow.streams import StreamDirectory
 from onceflow.v1 import ingest_pb2, ingest_pb2_grpc
@@ -27,8 +28,14 @@ STREAM_BACKPRESSURE_WAIT_S = 30.0
 
 
 class IngestServicer(ingest_pb2_grpc.IngestServicer):
-    def __init__(self, settings: IngestSettings, committer: GroupCommitter, streams: StreamDirectory | None = None) -> None:
+    def __init__(
+        self, settings: IngestSettings, committer: GroupCommitter, streams: StreamDirectory | None = None,
+        producers: Producers | None = None,
+    ) -> None:
         self._settings = settings
+        # Who may send (docs/decisions/0027): None takes anonymous callers, unless required.
+        self._producers = producers
+        self._require_producer = settings.producer_required
         # None (unit tests of the servicer alone): every well-formed stream name is taken.
         self._stream_exists = None if streams is None else streams.exists
         self._committer = committer
@@ -46,8 +53,31 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
         with self._slots.take(context, "Ingest"):
             return self._ingest(request, context)
 
+    def _producer(self, context: grpc.ServicerContext) -> str:
+        """The caller's producer name, from its bearer token; "" for an anonymous caller where
+        anonymous callers are taken. Refused (UNAUTHENTICATED) otherwise."""
+        value = dict(context.invocation_metadata() or ()).get("authorization", "")
+        presented = value if isinstance(value, str) else value.decode(errors="replace")
+        token = presented[len("Bearer "):] if presented.startswith("Bearer ") else ""
+        if not token:
+            if self._require_producer:
+                context.abort(
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    "ingest takes records from known producers only: send `authorization: Bearer <your producer token>` "
+                    "(ONCEFLOW_INGEST_PRODUCERS_FILE lists them; docs/decisions/0027)",
+                )
+            return ""
+        name = None if self._producers is None else self._producers.name_of(token)
+        if name is None:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "the bearer token is no producer's (ONCEFLOW_INGEST_PRODUCERS_FILE)")
+        return name or ""
+
     def _ingest(self, request: ingest_pb2.IngestRequest, context: grpc.ServicerContext) -> ingest_pb2.IngestReply:
         self._check_accepting(context)
+        producer = self._producer(context)
+        # Fields the record does not declare would pass into the envelope (its bytes are reused):
+        # an Envelope field set that way (a producer, a first-append time) is dropped here.
+        request.DiscardUnknownFields()
         waiter = None
         if request.wait == ingest_pb2.WAIT_FOR_PROCESSED:
             if not self._settings.acking:
@@ -70,7 +100,7 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
             invalid = check_record(index, record, self._limits, now_ms=ingest_time, stream_exists=self._stream_exists)
             if invalid is not None:
                 self._reject(context, invalid.field.rsplit(".", 1)[-1], str(invalid))
-        envelopes = _envelopes(records, ingest_time)
+        envelopes = _envelopes(records, ingest_time, producer)
         commit_id = self._commit(envelopes, context, block_s=0.0, waiter=waiter)
         if waiter is not None:
             self._wait_processed(waiter, commit_id, context)
@@ -110,8 +140,10 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
         reply = ingest_pb2.IngestReply()
         caps = _StreamCaps(self._settings)
         index = 0
+        producer = self._producer(context)
         for request in request_iterator:
             self._check_accepting(context)
+            request.DiscardUnknownFields()  # as in _ingest
             caps.check_message(context, index, reply.accepted)
             if request.wait == ingest_pb2.WAIT_FOR_PROCESSED:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, "wait: WAIT_FOR_PROCESSED is only for unary Ingest")
@@ -130,7 +162,7 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
                     index, record, self._limits, field_prefix="stream", now_ms=ingest_time, stream_exists=self._stream_exists
                 )
                 if invalid is None:
-                    envelopes.append(new_record(record, ingest_time))
+                    envelopes.append(new_record(record, ingest_time, producer))
                 else:
                     metrics.REJECTED.labels("ingest", invalid.field.rsplit(".", 1)[-1]).inc()
                     if len(reply.rejected) >= self._settings.stream_max_rejections:
@@ -231,8 +263,8 @@ def _first(reasons: list[str], shown: int = 3) -> str:
     return "; ".join(reasons[:shown]) + more
 
 
-def _envelopes(records: Iterable[ingest_pb2.IngestRecord], ingest_time_ms: int) -> list[NewRecord]:
-    return [new_record(record, ingest_time_ms) for record in records]
+def _envelopes(records: Iterable[ingest_pb2.IngestRecord], ingest_time_ms: int, producer: str = "") -> list[NewRecord]:
+    return [new_record(record, ingest_time_ms, producer) for record in records]
 
 
 __all__ = ["IngestServicer", "Invalid"]

@@ -31,7 +31,7 @@ from onceflow.v1 import (
     dedup_pb2,
     dedup_pb2_grpc,
 )
-from onceflow_tools.cli.options import ServiceAddress, StreamOption, TlsCa, TlsCert, TlsKey, client_tls
+from onceflow_tools.cli.options import ProducerOption, ServiceAddress, StreamOption, TlsCa, TlsCert, TlsKey, client_tls
 
 app = typer.Typer(no_args_is_help=True, help="Operate running services (gRPC admin calls).")
 acker_app = typer.Typer(no_args_is_help=True, help="The acker's own calls: stats, tree, pending.")
@@ -289,12 +289,13 @@ def acker_pending(
 def dedup_check(
     record_id: Annotated[str, typer.Argument(help="The record id to look up.")],
     stream: StreamOption = "",
+    producer: ProducerOption = "",
     address: ServiceAddress = None,
     as_json: Json = False,
 ) -> None:
     """Whether the gate would drop a new copy of RECORD_ID (of --stream), and until when."""
     address = address or fleet.default_address("dedup")
-    request = dedup_pb2.CheckRequest(record_id=record_id, stream=stream)
+    request = dedup_pb2.CheckRequest(record_id=record_id, stream=stream, producer=producer)
     reply = _call(address, lambda ch: dedup_pb2_grpc.DedupAdminStub(ch).Check(request, timeout=TIMEOUT_S))
     _print(reply, as_json)
 
@@ -311,13 +312,14 @@ def dedup_stats(address: ServiceAddress = None, as_json: Json = False) -> None:
 def dedup_forget(
     record_id: Annotated[str, typer.Argument(help="The record id to forget.")],
     stream: StreamOption = "",
+    producer: ProducerOption = "",
     address: ServiceAddress = None,
     token: Token = "",
     as_json: Json = False,
 ) -> None:
     """Drop RECORD_ID (of --stream) from the gate's exact store (a committed tombstone), so it can be re-driven."""
     address = address or fleet.default_address("dedup")
-    request = dedup_pb2.ForgetRequest(record_id=record_id, stream=stream)
+    request = dedup_pb2.ForgetRequest(record_id=record_id, stream=stream, producer=producer)
     reply = _call(
         address, lambda ch: dedup_pb2_grpc.DedupAdminStub(ch).Forget(request, metadata=_bearer(token), timeout=TIMEOUT_S * 8)
     )

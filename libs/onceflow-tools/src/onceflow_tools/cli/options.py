@@ -27,6 +27,11 @@ StreamOption = Annotated[
     str,
     typer.Option("--stream", show_default=False, help="The record's stream (default: the default stream)."),
 ]
+# The producer that sent a record (docs/decisions/0027); empty: none (anonymous).
+ProducerOption = Annotated[
+    str,
+    typer.Option("--producer", show_default=False, help="The producer that sent it (default: none, anonymous)."),
+]
 TlsCa = Annotated[
     str,
     typer.Option(

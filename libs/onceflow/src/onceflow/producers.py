@@ -1,0 +1,81 @@
+"""Producer identity (issue 39, docs/decisions/0027): who sends a record, proven by a credential,
+scopes its record_ids, so no producer can drop another's records by sending their ids first.
+
+Ingest maps a caller's bearer token to a producer name through a producers file (TOML, one
+``[[producer]]`` per producer with its ``name`` and the ``token_sha256`` of its token: the file
+holds no secret). The name goes into ``Envelope.producer`` (set by ingest, refused from a
+client), and the gate deduplicates a named producer's records by (stream, producer, record_id).
+A record without a producer (an anonymous caller where they are allowed, the Kafka source, a
+record written before this) keeps the unscoped identity it always had.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+PRODUCER_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+class ProducersFileError(ValueError):
+    """The producers file cannot be used; the message names the file and the entry."""
+
+
+def token_sha256(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Producers:
+    """token sha256 -> producer name."""
+
+    by_digest: dict[str, str]
+
+    @classmethod
+    def load(cls, path: Path) -> Producers:
+        try:
+            entries = tomllib.loads(path.read_text()).get("producer", [])
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ProducersFileError(f"{path}: {exc}") from None
+        by_digest: dict[str, str] = {}
+        names: set[str] = set()
+        for index, entry in enumerate(entries, 1):
+            name, digest = entry.get("name"), entry.get("token_sha256")
+            if not isinstance(name, str) or not PRODUCER_NAME.fullmatch(name):
+                raise ProducersFileError(f"{path}: producer {index}: name {name!r}: 1 to 100 of A-Z, a-z, 0-9, '_', '.', ':' and '-'")
+            if not isinstance(digest, str) or not SHA256_HEX.fullmatch(digest):
+                raise ProducersFileError(
+                    f"{path}: producer {name}: token_sha256 must be 64 lower-case hex digits (`onceflow producer hash`), "
+                    "never the token itself"
+                )
+            if name in names or digest in by_digest:
+                raise ProducersFileError(f"{path}: producer {name}: its name or its token is another producer's")
+            names.add(name)
+            by_digest[digest] = name
+        if not by_digest:
+            raise ProducersFileError(f"{path}: no [[producer]] entries")
+        return cls(by_digest)
+
+    def name_of(self, token: str) -> str | None:
+        """The producer whose token this is, or None; compared in constant time per entry."""
+        digest = token_sha256(token)
+        found = None
+        for known, name in self.by_digest.items():
+            if hmac.compare_digest(known, digest):
+                found = name
+        return found
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
