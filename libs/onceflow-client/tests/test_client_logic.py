@@ -239,3 +239,11 @@ def test_a_client_given_no_address_finds_its_service_in_the_services_file(tmp_pa
     monkeypatch.setenv(SERVICES_CONFIG_ENV, str(config))
     with IngestClient() as ingest, QueryClient() as query, IngestClient("h:1") as named:
         assert (ingest.address, query.address, named.address) == ("10.0.0.7:25051", "10.0.0.8:25055", "h:1")
+
+
+def test_a_servers_retry_after_hint_is_bounded_and_a_bad_one_ignored() -> None:
+    """Issue 39: the client obeyed any retry-after-ms, so a server could park it for hours."""
+    retries = _Retries(RetryPolicy(backoff_s=0.1, max_retry_after_s=30))
+    assert retries.next_wait(_Failure(grpc.StatusCode.UNAVAILABLE, "x", (("retry-after-ms", str(10**9)),)), []) == 30
+    assert retries.next_wait(_Failure(grpc.StatusCode.UNAVAILABLE, "x", (("retry-after-ms", "soon"),)), []) == 0.2
+    assert retries.next_wait(_Failure(grpc.StatusCode.UNAVAILABLE, "x", (("retry-after-ms", "-5"),)), []) == 0.4

@@ -59,6 +59,9 @@ class RetryPolicy:
     backoff_s: float = 0.05
     max_backoff_s: float = 2.0
     call_timeout_s: float = 60.0
+    # The most a server's retry-after-ms hint may make the client wait (issue 39): a hostile or
+    # broken server cannot park the client for hours.
+    max_retry_after_s: float = 30.0
 
 
 @dataclass
@@ -81,7 +84,7 @@ class _Retries:
         if code not in RETRIABLE or self.attempt >= self.policy.max_attempts:
             raise exc
         log.debug("ingest attempt %d: %s %s; sending again", self.attempt, code.name, exc.details())
-        wait = max(_retry_after_s(exc), self.backoff_s)
+        wait = max(min(_retry_after_s(exc), self.policy.max_retry_after_s), self.backoff_s)
         self.backoff_s = min(self.backoff_s * 2, self.policy.max_backoff_s)
         return wait
 
@@ -102,7 +105,10 @@ def _retry_after_s(exc: grpc.RpcError) -> float:
     trailers: Iterable[object] = exc.trailing_metadata() or ()
     for entry in trailers:
         if isinstance(entry, tuple) and entry[0] == "retry-after-ms":
-            return int(entry[1]) / 1000
+            try:
+                return max(0, int(entry[1])) / 1000
+            except ValueError:
+                return 0.0  # not a number: no hint
     return 0.0
 
 

@@ -151,7 +151,33 @@ class KafkaBroker:
     # -- install ----------------------------------------------------------------------------
 
     def _pom_hash(self) -> str:
-        return hashlib.sha256(self.pom.read_bytes()).hexdigest()
+        """What the installed jars answer to: the pom and the pinned hashes (a change of either
+        installs and checks them again)."""
+        return hashlib.sha256(self.pom.read_bytes() + self.pins.read_bytes()).hexdigest()
+
+    @property
+    def pins(self) -> Path:
+        """infra/kafka/jars.sha256: the sha256 of every jar the pom assembles."""
+        return self.pom.with_name("jars.sha256")
+
+    def check_jars(self, folder: Path) -> None:
+        """Every jar in ``folder`` is one pinned, with its pinned sha256, and every pinned jar is
+        there: anything else is refused before it reaches the classpath (issue 39)."""
+        pinned = {}
+        for line in self.pins.read_text().splitlines():
+            if line.strip() and not line.startswith("#"):
+                digest, name = line.split()
+                pinned[name] = digest
+        found = {jar.name: hashlib.sha256(jar.read_bytes()).hexdigest() for jar in folder.glob("*.jar")}
+        wrong = [f"{name}: sha256 {digest}, pinned {pinned[name]}" for name, digest in found.items() if name in pinned and digest != pinned[name]]
+        unpinned = sorted(set(found) - set(pinned))
+        absent = sorted(set(pinned) - set(found))
+        problems = wrong + [f"{name}: not pinned" for name in unpinned] + [f"{name}: pinned, not assembled" for name in absent]
+        if problems:
+            raise InfraError(
+                f"Kafka {self.version}'s jars do not match {self.pins.name} (a changed pom needs new pins; otherwise "
+                "something other than Maven Central's jars was served): " + "; ".join(problems)
+            )
 
     def is_installed(self) -> bool:
         try:
@@ -183,6 +209,7 @@ class KafkaBroker:
         if res.returncode != 0:
             out = (res.stdout + res.stderr).strip()
             raise InfraError(f"maven could not assemble Kafka {self.version}:\n{out[-3000:]}")
+        self.check_jars(staging)
         (staging / ".pom-sha256").write_text(self._pom_hash() + "\n")
         # Swap the whole folder so a version change leaves no stale jars on the classpath.
         shutil.rmtree(self.libs_dir, ignore_errors=True)
