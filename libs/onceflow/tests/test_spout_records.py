@@ -68,3 +68,16 @@ def test_record_bytes_plus_added_fields_parse_as_the_envelope(record_id, payload
     assert envelope.ingest_time_ms == 1234
     assert envelope.event_time_ms == (event_time_ms or 1234)
     assert (envelope.root_id, envelope.edge_id) == (5, 6)
+
+
+def test_a_refusals_metric_label_is_the_fields_name_whatever_header_a_caller_makes_up() -> None:
+    """Issue 39: header names became Prometheus label values, so a caller could grow them without bound."""
+    limits = Limits(max_payload_bytes=100, max_key_bytes=10, max_header_value_bytes=4)
+    labels = set()
+    for name in ("a.b", "x']y", "zz" * 50, "ç.d"):
+        invalid = check_record(3, IngestRecord(record_id=b"a", headers={name: "toolong"}), limits, field_prefix="stream")
+        assert invalid is not None and name in invalid.field
+        labels.add(invalid.kind)
+    assert labels == {"headers"}
+    assert check_record(0, IngestRecord(), limits).kind == "record_id"  # type: ignore[union-attr]
+    assert check_record(0, IngestRecord(record_id=b"a", payload=b"p" * 20), Limits(10, 10, max_record_bytes=12)).kind in ("payload", "record")  # type: ignore[union-attr]

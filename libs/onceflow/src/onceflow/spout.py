@@ -51,6 +51,14 @@ class Invalid:
     def __str__(self) -> str:
         return f"{self.field}: {self.message}"
 
+    @property
+    def kind(self) -> str:
+        """The field's name without its index or key (``headers``, ``record_id``; ``record``
+        for the whole record): a metric label whose values are bounded, whatever header names
+        a caller makes up (issue 39)."""
+        rest = self.field.split("].", 1)[1] if "]." in self.field else "record"
+        return rest.split("[", 1)[0]
+
 
 def check_record(
     index: int, record: IngestRecord, limits: Limits, field_prefix: str = "records", now_ms: int | None = None,

@@ -99,7 +99,7 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
         for index, record in enumerate(records):
             invalid = check_record(index, record, self._limits, now_ms=ingest_time, stream_exists=self._stream_exists)
             if invalid is not None:
-                self._reject(context, invalid.field.rsplit(".", 1)[-1], str(invalid))
+                self._reject(context, invalid.kind, str(invalid))
         envelopes = _envelopes(records, ingest_time, producer)
         commit_id = self._commit(envelopes, context, block_s=0.0, waiter=waiter)
         if waiter is not None:
@@ -164,7 +164,7 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
                 if invalid is None:
                     envelopes.append(new_record(record, ingest_time, producer))
                 else:
-                    metrics.REJECTED.labels("ingest", invalid.field.rsplit(".", 1)[-1]).inc()
+                    metrics.REJECTED.labels("ingest", invalid.kind).inc()
                     if len(reply.rejected) >= self._settings.stream_max_rejections:
                         self._reject(context, "too_many_rejected", caps.too_many_rejected(invalid, reply, message_start))
                     reply.rejected.append(
