@@ -271,18 +271,22 @@ def test_refused_records_are_redriven_to_their_job_alone_exactly_once(pipeline: 
     eventually(lambda: again() == sorted([(rid, 0) for rid in still_wrong] + [(rid, 1) for rid in still_wrong]), 60,
                "the three still wrong to come back as letters re-driven once", interval_s=1)
 
-    # 2. The same letters once more: the gate drops every copy; the three still wrong fail again.
+    # 2. The same letters once more: the ledger (dlq.redriven) leaves them; and written anyway
+    # (the ledger bypassed), the gate drops every copy.
     letters = [l for l in _letters(common) if l.job == usersum.JOB and l.record_id in fixes]
     first = [l for l in letters if l.original.redrive_count == 0]  # type: ignore[union-attr]
-    plan = redrive.plan(first, {rid: json.dumps(p).encode() for rid, p in fixes.items()})
-    assert redrive.redrive(common, plan.records) == 12  # judged with the next step's: a copy counted would show there
+    as_bytes = {rid: json.dumps(p).encode() for rid, p in fixes.items()}
+    again_plan = redrive.plan(first, as_bytes, redrive.redriven(common))
+    assert not again_plan.records and all("re-driven already" in why for _l, why in again_plan.refused), again_plan.refusals()
+    assert redrive.redrive(common, redrive.plan(first, as_bytes)) == 12  # judged with the next step's: a copy counted shows there
 
     # 3. The letters of the three, with a right payload now: each counts once, whatever its count.
     right = {r.record_id: json.dumps({"user": r.user, "amount": r.amount}).encode() for r in bad[:3]}
     letters = [l for l in _letters(common) if l.job == usersum.JOB and l.record_id in right]
     assert sorted({l.original.redrive_count for l in letters}) == [0, 1], "step 2 re-drove a copy"  # type: ignore[union-attr]
-    plan = redrive.plan(letters, right)
-    assert redrive.redrive(common, plan.records) == len(letters)
+    plan = redrive.plan(letters, right, redrive.redriven(common))
+    assert len(plan.records) == 3 and {r.redrive_count for r in plan.records} == {2}  # the count-1 letters; the rest went
+    assert redrive.redrive(common, plan) == 3
     pipeline.orders += bad
     _drained(pipeline, usersum.fold_answer(pipeline.orders), before_picky)
     refused_again = [l for l in _letters(common) if l.job == usersum.JOB and l.record_id in right and l.original.redrive_count > 1]  # type: ignore[union-attr]

@@ -81,16 +81,18 @@ def test_the_directory_answers_from_its_cache_and_looks_again_for_the_missing() 
     assert len(calls) == looked + 2  # one lookup for both misses within refresh_s
 
 
-def test_a_failing_lookup_keeps_what_is_known() -> None:
-    answers: list[set[str] | Exception] = [{"dedup.records.orders"}, RuntimeError("broker down")]
+def test_a_failing_lookup_is_unknown_never_absent_and_a_deleted_stream_is_noticed() -> None:
+    answers: list[set[str] | Exception] = [{"dedup.records.orders"}, RuntimeError("broker down"), set()]
 
     def listing() -> set[str]:
-        answer = answers.pop(0) if answers else RuntimeError("still down")
+        answer = answers.pop(0)
         if isinstance(answer, Exception):
             raise answer
         return answer
 
-    directory = streams.StreamDirectory(listing, "", refresh_s=0.0)
+    directory = streams.StreamDirectory(listing, "", refresh_s=0.0, ttl_s=0.0)
     assert directory.exists("orders")
-    assert not directory.exists("payments")
-    assert directory.exists("orders")
+    with pytest.raises(streams.StreamLookupFailed, match="broker down"):
+        directory.exists("orders")  # stale and unanswered: neither present nor absent
+    assert not directory.exists("orders")  # listed again: deleted since
+    assert directory.exists("") and directory.exists("default")  # the default stream, without a listing

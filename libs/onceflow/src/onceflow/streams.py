@@ -94,39 +94,52 @@ def split_identity(key: str) -> tuple[str, str]:
     return display(name), rest.partition(SEPARATOR)[0]
 
 
+class StreamLookupFailed(RuntimeError):
+    """The broker did not say which streams exist: neither "present" nor "absent" is known, so
+    a caller retries (the gate's batch, ingest's UNAVAILABLE) rather than refuse a record."""
+
+
 @dataclass
 class StreamDirectory:
-    """Which streams exist, from the broker's topic list, cached: a stream present is answered
-    from the cache; one absent is looked up again at most every ``refresh_s`` (a stream created
-    a moment ago is found within that). ``list_topics`` returns the prefixed topic names."""
+    """Which streams exist, from the broker's topic list, cached. The default stream always
+    exists (it is one of the pipeline's own topics). A named stream seen present is answered from
+    the cache while the last listing is younger than ``ttl_s``, then listed again, so a deleted
+    stream is noticed; one absent is listed again at most every ``refresh_s`` (a stream created
+    a moment ago is found within that). A listing that fails answers neither: it raises
+    StreamLookupFailed. ``list_topics`` returns the prefixed topic names."""
 
     list_topics: Callable[[], set[str]]
     prefix: str = ""
     refresh_s: float = 1.0
+    ttl_s: float = 30.0
 
     def __post_init__(self) -> None:
         self._known: set[str] = set()
-        self._looked_at = float("-inf")
+        self._listed_at = float("-inf")  # the last listing that answered
         self._lock = threading.Lock()
 
     def exists(self, stream: str) -> bool:
         name = canonical(stream)
-        if name in self._known:
+        if not name:
+            return True
+        age = time.monotonic() - self._listed_at
+        if name in self._known and age < self.ttl_s:
             return True
         with self._lock:
-            if name not in self._known and time.monotonic() - self._looked_at >= self.refresh_s:
+            age = time.monotonic() - self._listed_at
+            stale = age >= self.ttl_s if name in self._known else age >= self.refresh_s
+            if stale:
                 self._refresh()
             return name in self._known
 
     def _refresh(self) -> None:
-        self._looked_at = time.monotonic()
         try:
             topics = self.list_topics()
-        except Exception as exc:  # noqa: BLE001 - an unanswered lookup keeps what is known
-            log.warning("listing the streams' topics: %s", exc)
-            return
+        except Exception as exc:  # noqa: BLE001 - any failure to answer is "unknown", never "absent"
+            raise StreamLookupFailed(f"listing the streams' topics: {exc}") from exc
         found = {stream_of_topic(t[len(self.prefix) :]) for t in topics if t.startswith(self.prefix)}
         self._known = {canonical(s) for s in found if s is not None}
+        self._listed_at = time.monotonic()
 
 
 def directory(common: CommonSettings) -> StreamDirectory:

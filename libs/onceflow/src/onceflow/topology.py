@@ -41,6 +41,7 @@ class Topic(StrEnum):
     SOURCE_DLQ = "source.dlq"
     SOURCE_OFFSETS = "source.offsets"
     JOBS_REGISTRY = "jobs.registry"
+    DLQ_REDRIVEN = "dlq.redriven"
 
     @property
     def per_job(self) -> bool:
@@ -163,7 +164,7 @@ HOPS: tuple[Hop, ...] = (INGEST, SOURCE, DEDUP, COMPUTE_MAP, COMPUTE_MERGE, SINK
 DLQS: tuple[Topic, ...] = tuple(dict.fromkeys(hop.dlq for hop in HOPS))
 # Topics no hop reads or writes: the control plane's (`onceflow job` writes the registry; the
 # sink follows it to point each job's plain name at its live version).
-CONTROL: tuple[Topic, ...] = (Topic.JOBS_REGISTRY,)
+CONTROL: tuple[Topic, ...] = (Topic.JOBS_REGISTRY, Topic.DLQ_REDRIVEN)
 
 
 def hops_of(service: str) -> tuple[Hop, ...]:

@@ -98,7 +98,7 @@ def find_stream(settings: ComputeSettings, job: Job) -> bool:
     common = settings.common
     while True:
         try:
-            if settings.create_stream and streams.create(common, job.stream):
+            if settings.create_stream and streams.create(common, job.stream, common.history_retention_ms):
                 log.info("created stream %s (ONCEFLOW_COMPUTE_CREATE_STREAM)", streams.display(job.stream))
             if not streams.lookup(common, job.stream):
                 return False

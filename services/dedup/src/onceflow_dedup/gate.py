@@ -151,7 +151,8 @@ class DedupGate:
             # Ingest checked it; the stream's topic has gone since. Its own letter, never a write
             # to a missing topic (which would hold the transaction until it timed out).
             counts.dead_letters += 1
-            batch.dead_letter(record, f"record {envelope.record_id!r}: {streams.missing_stream(envelope.stream)}")
+            # The reason first, the record after: letters roll up by their message's head.
+            batch.dead_letter(record, f"{streams.missing_stream(envelope.stream)}: record {envelope.record_id!r}")
             if self._ack_mode is not AckMode.OFF:
                 batch.ack(envelope)
             return
@@ -189,8 +190,8 @@ class DedupGate:
                 counts.replays_refused += 1
                 counts.dead_letters += 1
                 batch.dead_letter(record, ReplayBeyondHorizon(
-                    f"attempt {envelope.attempt} of {envelope.record_id!r}: its original (appended at {original_ms} ms) "
-                    f"is beyond the dedup horizon, so the gate cannot tell whether it took effect; not passed"
+                    f"beyond the dedup horizon: attempt {envelope.attempt} of {envelope.record_id!r}: its original (appended at "
+                    f"{original_ms} ms) is older than the horizon, so the gate cannot tell whether it took effect; not passed"
                 ))
                 if self._ack_mode is not AckMode.OFF:
                     batch.ack(envelope)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import grpc
 
@@ -14,7 +14,7 @@ from onceflow.admin import CallSlots
 from onceflow.codec import now_ms
 from onceflow.producers import Producers
 from onceflow.spout import Invalid, Limits, NewRecord, check_record, new_record
-from onceflow.streams import StreamDirectory
+from onceflow.streams import StreamDirectory, StreamLookupFailed
 from onceflow.v1 import ingest_pb2, ingest_pb2_grpc
 
 from onceflow_ingest.committer import GroupCommitter, NotCommitted, OutcomeUnknown, Overloaded
@@ -37,7 +37,7 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
         self._producers = producers
         self._require_producer = settings.producer_required
         # None (unit tests of the servicer alone): every well-formed stream name is taken.
-        self._stream_exists = None if streams is None else streams.exists
+        self._streams = streams
         self._committer = committer
         self._limits = Limits(
             settings.max_payload_bytes, settings.max_key_bytes, settings.max_headers, settings.max_header_key_bytes,
@@ -53,12 +53,29 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
         with self._slots.take(context, "Ingest"):
             return self._ingest(request, context)
 
+    def _stream_exists(self, context: grpc.ServicerContext) -> Callable[[str], bool] | None:
+        """The stream check for check_record: a broker that does not answer which streams exist
+        is UNAVAILABLE (retried by clients), never a refusal of a record that may be valid."""
+        directory = self._streams
+        if directory is None:
+            return None
+
+        def exists(stream: str) -> bool:
+            try:
+                return directory.exists(stream)
+            except StreamLookupFailed as exc:
+                context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot tell which streams exist now ({exc}); retry")
+                raise  # abort raises; this is for the type checker
+
+        return exists
+
     def _producer(self, context: grpc.ServicerContext) -> str:
         """The caller's producer name, from its bearer token; "" for an anonymous caller where
         anonymous callers are taken. Refused (UNAUTHENTICATED) otherwise."""
         value = dict(context.invocation_metadata() or ()).get("authorization", "")
         presented = value if isinstance(value, str) else value.decode(errors="replace")
-        token = presented[len("Bearer "):] if presented.startswith("Bearer ") else ""
+        scheme, _, token = presented.partition(" ")
+        token = token.strip() if scheme.lower() == "bearer" else ""  # the scheme in any case, as the admin calls take it
         if not token:
             if self._require_producer:
                 context.abort(
@@ -97,7 +114,7 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
             )
         ingest_time = now_ms()
         for index, record in enumerate(records):
-            invalid = check_record(index, record, self._limits, now_ms=ingest_time, stream_exists=self._stream_exists)
+            invalid = check_record(index, record, self._limits, now_ms=ingest_time, stream_exists=self._stream_exists(context))
             if invalid is not None:
                 self._reject(context, invalid.kind, str(invalid))
         envelopes = _envelopes(records, ingest_time, producer)
@@ -159,7 +176,8 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
             message_start = index
             for record in request.records:
                 invalid = check_record(
-                    index, record, self._limits, field_prefix="stream", now_ms=ingest_time, stream_exists=self._stream_exists
+                    index, record, self._limits, field_prefix="stream", now_ms=ingest_time,
+                    stream_exists=self._stream_exists(context),
                 )
                 if invalid is None:
                     envelopes.append(new_record(record, ingest_time, producer))

@@ -14,7 +14,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from onceflow import streams
 from onceflow.config import CommonSettings
+from onceflow.v1.envelope_pb2 import Envelope
 from onceflow.topology import Topic
 from onceflow_client.dlq import DLQ_TOPICS, DeadLetters, Letter, LetterFilter, reason_counts
 from onceflow_tools import redrive as redrive_tool
@@ -167,6 +169,7 @@ def tail(
 def redrive(
     prefix: Prefix = None, bootstrap: Bootstrap = None, topic: Topics = None, stage: Stage = None, job: Job = None,
     reason: Reason = None, record_id: RecordId = None,
+    stream: Annotated[str | None, typer.Option("--stream", help="Only letters of records of this stream.", show_default=False)] = None,
     fix: Annotated[
         Path | None,
         typer.Option(
@@ -186,9 +189,11 @@ def redrive(
         common = CommonSettings(
             kafka_bootstrap=bootstrap or CommonSettings().kafka_bootstrap, topic_prefix=reader.prefix,
         )
+    if stream is not None:
+        letters = [l for l in letters if isinstance(l.original, Envelope) and streams.canonical(l.original.stream) == streams.canonical(stream)]
     if fixes is not None:
         letters = [letter for letter in letters if letter.record_id in fixes]
-    chosen = redrive_tool.plan(letters, fixes)
+    chosen = redrive_tool.plan(letters, fixes, redrive_tool.redriven(common))
     for why, count in chosen.refusals().most_common():
         console.print(f"  left {count:>6}: {why}", highlight=False)
     if not chosen.records:
@@ -204,12 +209,13 @@ def redrive(
     if not yes and not typer.confirm(f"re-drive {len(chosen.records)} record(s)?"):
         raise typer.Exit(1)
     try:
-        written = redrive_tool.redrive(common, chosen.records)
+        written = redrive_tool.redrive(common, chosen)
     except ValueError as exc:
         console.print(f"[red]refused:[/] {exc}", highlight=False)
         raise typer.Exit(2) from None
     console.print(
-        f"re-drove {written} record(s) into {common.topic(Topic.INGEST_RECORDS)}; the gate drops any already re-driven",
+        f"re-drove {written} record(s) into {common.topic(Topic.INGEST_RECORDS)}; each letter is noted in "
+        f"{common.topic(Topic.DLQ_REDRIVEN)} and never re-driven again",
         highlight=False,
     )
 

@@ -21,6 +21,7 @@ from onceflow import faults
 from onceflow.codec import now_ms
 from onceflow.kafka.records import partition_of
 from onceflow.state.store import MemoryStore
+from onceflow.topology import split
 from onceflow.txn.batch import Batch
 from onceflow.v1.compute_pb2 import JoinRow, PartialAggregate
 from onceflow.v1.results_pb2 import ResultChange
@@ -68,8 +69,11 @@ class MapStage:
         self._layout = fingerprint(describe(job))
 
     def process(self, batch: Batch[MemoryStore]) -> None:
-        batch.job = self.job.name
-        frame = build_frame(batch.records, self.job.schema, self.job.name)
+        # Letters and re-driven records name the job, not its version: a fix re-driven to
+        # `usersum` reaches every version of it, one that reprocesses later included.
+        base = split(self.job.name)[0]
+        batch.job = base
+        frame = build_frame(batch.records, self.job.schema, base)
         for record, envelope, reason in frame.rejected:
             batch.dead_letter(record, reason)
             if envelope is not None:
