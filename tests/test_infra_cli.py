@@ -27,6 +27,9 @@ def _onceflow(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[st
     )
 
 
+# A stack of its own up and down (about 50 s): every test's stack runs `infra up` already; this
+# checks the CLI's status output around it, in make test-extended (the suite's time, issue 45).
+@pytest.mark.extended
 def test_status_is_healthy_after_up_and_not_after_down(tmp_path: Path) -> None:
     kafka, controller, redis = free_port(), free_port(), free_port()
     env = {

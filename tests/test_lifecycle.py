@@ -157,6 +157,9 @@ def test_a_redeploy_with_an_aggregate_added_is_refused_and_the_old_table_stays_s
     assert sinker.terminate() == 0, sinker.log_tail()
 
 
+# About 50 s of Spark; the carry-over decision itself is unit-tested (services/compute/tests/
+# test_fingerprint.py), and the refusal beside it stays in make test. In make test-extended.
+@pytest.mark.extended
 def test_a_reordered_job_carries_its_state_over_by_name_and_stays_exact(pipeline: Pipeline) -> None:
     first, more = readings(2_000, seed=3), readings(2_000, seed=4)
     sinker, _address = run_v1(pipeline, first)
