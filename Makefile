@@ -85,8 +85,10 @@ test-cluster: setup
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "cluster or spark_cluster" --durations=20
 
 # Every test marked extended: the cluster's sabotaged build and two compute workers on the Spark
-# cluster (both in test-cluster too), the whole pipeline on the secure stack, and the six Nexmark
-# queries make test leaves out (q0-q4, q7) through kill -9s.
+# cluster (both in test-cluster too), the whole pipeline on the secure stack, the six Nexmark
+# queries make test leaves out (q0-q4, q7) through kill -9s, a Sentinel failover on a stack of
+# its own, the replay that runs out of attempts, and other second proofs of what make test proves
+# once (each test says why it is here).
 test-extended: setup
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m extended
 

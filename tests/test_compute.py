@@ -117,6 +117,7 @@ def worker(pipe: Pipeline, job: str, instance: str, **env: str) -> ServiceProces
     return pipe.process(f"compute-{job.rsplit('.', 1)[-1]}-{instance}-{len(pipe.processes)}", "onceflow_compute", **(settings | env))
 
 
+
 def wait_consumed(pipe: Pipeline, job: str, timeout_s: float = 240, merge: bool = True) -> None:
     """Until both hops' groups (a transform: its map hop's) committed past every record of their input."""
     groups = [(f"{pipe.common.topic_prefix}onceflow-compute-{job}-map", pipe.topic(Topic.DEDUP_RECORDS))]
@@ -180,9 +181,17 @@ def test_two_workers_stay_exact_through_kill9s_a_zombie_and_a_rebalance(
     )
     sender = threading.Thread(target=produce, args=(pipeline, main, 10, 1.5), daemon=True)
     sender.start()
-    workers = {"a": worker(pipeline, job, "a").start()}
+    # Under test here: the two hops' transactions, takeovers and restores. usersum's workers run
+    # the pandas engine, so eight restarts cost no JVM each: Spark under kill -9s and a rebalance
+    # is test_dataflow's Nexmark campaign; wordcount (make test-extended) runs these on Spark.
+    engine = {"ONCEFLOW_COMPUTE_ENGINE": "pandas"} if job == "usersum" else {}
+
+    def start(name: str, **env: str) -> ServiceProcess:
+        return worker(pipeline, job, name, **(engine | env)).start()
+
+    workers = {"a": start("a")}
     workers["a"].wait_log("compute: assigned", 120)
-    workers["b"] = worker(pipeline, job, "b").start()  # joins: a hands over half its partitions
+    workers["b"] = start("b")  # joins: a hands over half its partitions
     rng = random.Random(7 if job == "usersum" else 8)
     # Five kill -9s: four at random moments (startup, restore, Spark job, commit, ...), one at
     # the gap between a finished Spark job and its commit.
@@ -190,23 +199,23 @@ def test_two_workers_stay_exact_through_kill9s_a_zombie_and_a_rebalance(
         name = rng.choice("ab")
         if round_ == 2:
             workers[name].kill9()
-            workers[name] = worker(pipeline, job, name, ONCEFLOW_FAULT="after_job@1").start()
+            workers[name] = start(name, ONCEFLOW_FAULT="after_job@1")
             workers[name].wait_log("compute: assigned", 120)
             produce(pipeline, fault_chunk)  # fresh input for every partition, whoever owns it now
             eventually(lambda w=workers[name]: not w.alive(), 120, "the worker to crash after a Spark job")
         else:
             time.sleep(rng.uniform(2.0, 7.0))
             workers[name].kill9()
-        workers[name] = worker(pipeline, job, name).start()
+        workers[name] = start(name)
     sender.join(120)
     # The zombie: a stops itself between a Spark job and its commit; a replacement with a's
     # transactional ids fences it; woken up, its commit must fail and it must exit 3.
     workers["a"].kill9()
-    zombie = worker(pipeline, job, "a", ONCEFLOW_FAULT="after_job@1:stop").start()
+    zombie = start("a", ONCEFLOW_FAULT="after_job@1:stop")
     zombie.wait_log("compute: assigned", 120)
     produce(pipeline, zombie_tail)
     eventually(zombie.stopped, 120, "the zombie to stop after a Spark job")
-    workers["a"] = worker(pipeline, job, "a").start()
+    workers["a"] = start("a")
     workers["a"].wait_log("compute-merge: assigned", 120)
     wait_consumed(pipeline, job)
     zombie.sigcont()

@@ -10,6 +10,7 @@ import pytest
 import redis
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Message
 
+from onceflow.acks import reader_edge
 from onceflow.codec import decode_envelope, encode_envelope, new_id
 from onceflow.config import CommonSettings
 from onceflow.redis_client import connect, delete_prefix
@@ -142,6 +143,31 @@ def test_forwarded_records_get_a_child_edge_that_balances_the_ack(client: redis.
     duplicate = envelope("x", 2000)
     (drop_ack,) = acks(gate.run([duplicate]))
     assert drop_ack.xor_value == duplicate.edge_id  # the duplicate's tree ends at the gate
+
+
+def test_each_job_reading_a_stream_gets_its_own_edge_so_the_tree_waits_for_all(client: redis.Redis, prefix: str) -> None:
+    """Two jobs on one stream each acked the one forwarded edge: XOR cancelled it and no tree
+    completed (docs/decisions/0028). Each named reader now acks an edge of its own."""
+    gate = Harness(client, prefix)
+    on_stream = {"": ("picky", "usersum@2")}
+    gate.gate = DedupGate("", AckMode.FORWARD, rekey=True, readers_of=lambda s: on_stream.get(s, ()))
+    original = envelope("x", 1000)
+    first = gate.run([original, Envelope(record_id="back", root_id=9, edge_id=90, ingest_time_ms=1000, redrive_job="usersum",
+                                         redrive_count=1)])
+    forwarded, redriven = (decode_envelope(o.value) for o in first.outputs if o.topic == Topic.DEDUP_RECORDS)
+    assert list(forwarded.readers) == ["picky", "usersum@2"]
+    assert list(redriven.readers) == ["usersum@2"]  # a letter goes back to its job's versions alone
+    gate_ack, _redriven_ack = acks(first)
+    c = forwarded.edge_id
+    tree = original.edge_id ^ gate_ack.xor_value  # the INIT, then the gate's ack
+    mine = {reader: reader_edge(c, reader) for reader in forwarded.readers}
+    assert tree == mine["picky"] ^ mine["usersum@2"] and len(set(mine.values())) == 2
+    assert tree ^ mine["picky"] != 0 and tree ^ mine["usersum@2"] != 0  # one job's ack does not end it
+    assert tree ^ mine["picky"] ^ mine["usersum@2"] == 0
+    assert tree ^ c ^ c != 0  # the bug: both acking the one edge cancels it out
+    on_stream.clear()  # no reader known: one edge, as before
+    (alone,) = (decode_envelope(o.value) for o in gate.run([envelope("y", 1000)]).outputs if o.topic == Topic.DEDUP_RECORDS)
+    assert not alone.readers
 
 
 def test_terminal_and_off_ack_modes(client: redis.Redis, prefix: str) -> None:

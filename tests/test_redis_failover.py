@@ -19,7 +19,10 @@ from onceflow.config import repo_root
 from onceflow_tools.process import free_port
 from tests.conftest import COMPUTE_NOT_UNDER_TEST
 
-pytestmark = [pytest.mark.redis, pytest.mark.integration, pytest.mark.fault]
+# A stack of its own (Kafka, a primary, its replica, Sentinel and the pipeline): about 140 s of a
+# worker, so it runs in `make test-extended`. Redis rolled back under the suite's pipeline is
+# proven in make test by the verify campaign's Redis faults and the sabotaged build that trusts Redis.
+pytestmark = [pytest.mark.redis, pytest.mark.integration, pytest.mark.fault, pytest.mark.extended]
 
 
 def onceflow(env: dict[str, str], *args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:

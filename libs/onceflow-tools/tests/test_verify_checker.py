@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import typer
 
+from onceflow.acks import reader_edge
 from onceflow.codec import encode_envelope
 from onceflow.kafka.inspect import TopicRecord
 from onceflow.v1.envelope_pb2 import Envelope
@@ -28,6 +29,15 @@ def test_aborted_writes_are_those_only_an_uncommitted_read_sees_and_no_committed
     assert aborted.count == 2
     assert aborted.roots == {3}
     assert aborted.edges == {21, 30}
+
+
+def test_an_aborted_gate_output_names_the_edge_each_of_its_readers_would_ack() -> None:
+    """docs/decisions/0028: a job acks its own edge of a record, so an aborted read shows as an
+    ack of that edge, not of the envelope's."""
+    named = Envelope(record_id="n", root_id=4, edge_id=40, readers=["usersum", "picky@2"])
+    everything = [_record(0, "a", 1, 10), TopicRecord(0, 1, None, encode_envelope(named), ())]
+    aborted = _aborted(everything[:1], everything)
+    assert aborted.edges == {40, reader_edge(40, "usersum"), reader_edge(40, "picky@2")}
 
 
 def _verdict(**changes: object) -> Verdict:

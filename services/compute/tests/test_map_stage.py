@@ -10,9 +10,11 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Message
 
+from onceflow.acks import reader_edge
 from onceflow.codec import encode_envelope
 from onceflow.topology import Topic, job_topic
 from onceflow.txn.batch import Batch
+from onceflow.v1.acker_pb2 import AckerBatch, AckerMessage
 from onceflow.v1.compute_pb2 import PartialAggregate
 from onceflow.v1.envelope_pb2 import DeadLetter, Envelope
 
@@ -84,6 +86,29 @@ def test_a_record_redriven_to_another_job_is_passed_over_and_one_to_this_job_tak
     batch = run_stage([good(0), redriven(1, "other")], PandasEngine())
     assert batch.job == JOB.name
     assert not [o for o in batch.outputs if o.topic == Topic.COMPUTE_DLQ]  # passed over: no letter
+
+
+def test_a_reader_acks_its_own_edge_and_a_record_naming_other_readers_is_read_but_never_acked() -> None:
+    """docs/decisions/0028: the gate names the jobs reading the stream; each acks its own edge.
+    A job that started after a record passed still counts it, and leaves its tree alone."""
+
+    def named(offset: int, readers: list[str]) -> Message:
+        envelope = Envelope(record_id=f"r{offset}", root_id=offset + 1, edge_id=offset + 100, key=b"u",
+                            payload=b'{"user": "u", "amount": 5}', readers=readers)
+        return Message(topic=Topic.DEDUP_RECORDS, partition=0, offset=offset, key=b"u", value=encode_envelope(envelope))
+
+    records = [named(0, [JOB.name, "other"]), named(1, ["other"]), good(2)]
+    frame = build_frame(records, SCHEMA, JOB.name, JOB.name)
+    assert [e.edge_id for e in frame.envelopes] == [reader_edge(100, JOB.name), 101, 102]
+    assert [e.record_id for e in frame.foreign] == ["r1"] and frame.table.num_rows == 3  # all three counted
+    assert [e.edge_id for e in build_frame(records, SCHEMA).envelopes] == [100, 101, 102]  # a batch run acks nothing
+    batch = run_stage(records, PandasEngine())
+    batch.seal()
+    acked = {m.root_id: m.xor_value for o in batch.outputs if o.topic == Topic.ACKER_ACKS
+             for m in AckerBatch.FromString(o.value).messages if m.kind == AckerMessage.ACK}
+    assert set(acked) == {1, 3}  # root 2's tree is the other job's
+    group = acked[3] ^ 102  # good(2): its edge, and the group as its child
+    assert acked[1] == reader_edge(100, JOB.name) ^ group
 
 
 def test_a_map_letter_names_its_job() -> None:

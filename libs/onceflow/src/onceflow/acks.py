@@ -16,6 +16,8 @@ partition its anchors name. A transaction's messages are grouped by partition in
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from collections.abc import Iterable
 
 from onceflow.codec import new_id, now_ms
@@ -49,6 +51,18 @@ def next_root_id(root_id: int, attempt: int) -> int:
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
     return (z ^ (z >> 31)) or 1
+
+
+@functools.lru_cache(maxsize=4096)
+def _reader_salt(reader: str) -> int:
+    return int.from_bytes(hashlib.blake2b(reader.encode(), digest_size=8).digest(), "big")
+
+
+def reader_edge(edge: int, reader: str) -> int:
+    """The edge one reader of a forwarded record acks (docs/decisions/0028): the gate acks the
+    record with one per reader of its stream, so the tree ends once each has acked its own.
+    Mixed, not just salted, so no two readers' edges of one record XOR to a constant."""
+    return next_root_id(edge ^ _reader_salt(reader), 1)
 
 
 def init(root_id: int, edges: Iterable[int], origin: RecordRef, attempt: int, timeout_ms: int) -> AckerMessage:

@@ -42,6 +42,7 @@ class Topic(StrEnum):
     SOURCE_OFFSETS = "source.offsets"
     JOBS_REGISTRY = "jobs.registry"
     DLQ_REDRIVEN = "dlq.redriven"
+    STREAM_READERS = "stream.readers"
 
     @property
     def per_job(self) -> bool:
@@ -163,8 +164,9 @@ SINK = Hop("sink", "onceflow-sink", Topic.COMPUTE_RESULTS, (Topic.ACKER_ACKS,), 
 HOPS: tuple[Hop, ...] = (INGEST, SOURCE, DEDUP, COMPUTE_MAP, COMPUTE_MERGE, SINK, ACKER, INGEST_REPLAYER)
 DLQS: tuple[Topic, ...] = tuple(dict.fromkeys(hop.dlq for hop in HOPS))
 # Topics no hop reads or writes: the control plane's (`onceflow job` writes the registry; the
-# sink follows it to point each job's plain name at its live version).
-CONTROL: tuple[Topic, ...] = (Topic.JOBS_REGISTRY, Topic.DLQ_REDRIVEN)
+# sink follows it to point each job's plain name at its live version; compute's workers say which
+# streams they read, and the gate follows that to give each reader its own ack edge).
+CONTROL: tuple[Topic, ...] = (Topic.JOBS_REGISTRY, Topic.DLQ_REDRIVEN, Topic.STREAM_READERS)
 
 
 def hops_of(service: str) -> tuple[Hop, ...]:

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.json as pj
 from confluent_kafka import Message
 
+from onceflow.acks import reader_edge
 from onceflow.codec import decode_envelope
 from onceflow.v1.envelope_pb2 import Envelope
 
@@ -34,16 +35,22 @@ class Frame:
     rejected: list[tuple[Message, Envelope | None, str]] = field(default_factory=list)
     # Records re-driven to another job (Envelope.redrive_job): not this job's, not an error.
     passed_over: list[Envelope] = field(default_factory=list)
+    # Records the job reads but whose trees it is no part of: they passed the gate before it
+    # read the stream (Envelope.readers names other jobs). Processed, never acked.
+    foreign: list[Envelope] = field(default_factory=list)
 
 
 def parse_options(schema: pa.Schema) -> pj.ParseOptions:
     return pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
 
 
-def build_frame(records: list[Message], schema: pa.Schema, job: str = "") -> Frame:
-    """``job``: the reading job's name; a record re-driven to another job is passed over."""
+def build_frame(records: list[Message], schema: pa.Schema, job: str = "", reader: str = "") -> Frame:
+    """``job``: the reading job's name; a record re-driven to another job is passed over.
+    ``reader``: the job as it runs (``job@n``); each envelope's edge becomes the one this reader
+    acks (acks.reader_edge), and a record the gate named other readers for is ``foreign``."""
     options = parse_options(schema)
     passed_over: list[Envelope] = []
+    foreign: list[Envelope] = []
     good: list[Message] = []
     envelopes: list[Envelope] = []
     lines: list[bytes] = []
@@ -57,6 +64,11 @@ def build_frame(records: list[Message], schema: pa.Schema, job: str = "") -> Fra
         if envelope.redrive_job and envelope.redrive_job != job:
             passed_over.append(envelope)
             continue
+        if reader and envelope.readers:  # no reader: a batch run over the topic, which acks nothing
+            if reader in envelope.readers:
+                envelope.edge_id = reader_edge(envelope.edge_id, reader)
+            else:
+                foreign.append(envelope)
         line = _one_line(envelope.payload)
         if not line:
             rejected.append((record, envelope, "empty payload: a JSON object is required"))
@@ -74,7 +86,7 @@ def build_frame(records: list[Message], schema: pa.Schema, job: str = "") -> Fra
         lines = [line for i, line in enumerate(lines) if i not in reasons]
         keep = _parse(lines, options) if lines else None
     table = keep if keep is not None else schema.empty_table()
-    return Frame(_with_metadata(table, envelopes), good, envelopes, rejected, passed_over)
+    return Frame(_with_metadata(table, envelopes), good, envelopes, rejected, passed_over, foreign)
 
 
 def _one_line(payload: bytes) -> bytes:

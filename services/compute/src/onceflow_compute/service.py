@@ -12,7 +12,7 @@ import time
 
 from confluent_kafka import KafkaException
 
-from onceflow import metrics, streams
+from onceflow import metrics, readers, streams
 from onceflow.admin import FixedControls, ServiceServer
 from onceflow.admin.loop_controls import LoopControls
 from onceflow.codec import now_ms
@@ -269,7 +269,35 @@ def run(settings: ComputeSettings) -> int:
     if check is not None and check.refused:
         return serve_refusal(settings, check.reason())
     loops, server, engine = build(settings, job)
+    registered = register_reader(settings, job)
+    code = 1
     try:
-        return run_loop_service(loops, server, settings.metrics_port, settings.host)
+        code = run_loop_service(loops, server, settings.metrics_port, settings.host)
+        return code
     finally:
         engine.close()
+        if registered and code == 0:
+            unregister_reader(settings, job)
+
+
+def register_reader(settings: ComputeSettings, job: Job) -> bool:
+    """Say that this worker reads the job's stream (docs/decisions/0028): the gate gives the job
+    an ack edge of its own in each record it passes from now on. A failure leaves the trees of a
+    stream read by several jobs to end late, never the records: logged, not fatal."""
+    try:
+        readers.register(settings.common, job.stream, job.name, settings.instance)
+    except Exception as exc:  # noqa: BLE001 - the broker's answer, whatever it is, is only logged
+        log.warning("could not say that job %s reads stream %s (%s): its records' trees may end late",
+                    job.name, streams.display(job.stream), exc)
+        return False
+    return True
+
+
+def unregister_reader(settings: ComputeSettings, job: Job) -> None:
+    """A clean stop: the job's trees stop waiting on this worker. Not on a fenced or failed exit,
+    where a replacement or a restart reads on under the same instance."""
+    try:
+        readers.unregister(settings.common, job.stream, job.name, settings.instance)
+    except Exception as exc:  # noqa: BLE001
+        log.warning("could not remove job %s from stream %s's readers (%s): `onceflow stream readers --forget %s`",
+                    job.name, streams.display(job.stream), exc, job.name)

@@ -26,10 +26,11 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Message
 
-from onceflow import streams
+from onceflow import acks, streams
 from onceflow.codec import decode_envelope, encode_envelope, new_id
 from onceflow.kafka.records import partition_of
 from onceflow.txn.batch import Batch
+from onceflow.v1.envelope_pb2 import Envelope
 
 from onceflow_dedup import metrics
 from onceflow_dedup.store import DedupStore, encode_bucket
@@ -96,10 +97,13 @@ class DedupGate:
     def __init__(
         self, topic_prefix: str, ack_mode: AckMode, rekey: bool, gc_limit: int = 20_000,
         stream_exists: Callable[[str], bool] | None = None,
+        readers_of: Callable[[str], tuple[str, ...]] | None = None,
     ) -> None:
         self._topic_prefix = topic_prefix
         # None (tests of the gate alone): every stream is taken to exist.
         self._stream_exists = stream_exists
+        # The jobs reading each stream (onceflow.readers); None: none known, one edge per record.
+        self._readers_of = readers_of
         self._ack_mode = ack_mode
         self._rekey = rekey
         self._gc_limit = gc_limit
@@ -204,16 +208,30 @@ class DedupGate:
         else:
             state.put(key, encode_bucket(store.filters.bucket_of(ingest_time)))
         child_edge = new_id()
+        readers = self._readers(envelope)
         if self._ack_mode is AckMode.FORWARD:
-            batch.ack(envelope, [child_edge])
+            batch.ack(envelope, [acks.reader_edge(child_edge, r) for r in readers] or [child_edge])
         elif self._ack_mode is AckMode.TERMINAL:
             batch.ack(envelope)
         envelope.edge_id = child_edge
+        del envelope.readers[:]
+        if self._ack_mode is AckMode.FORWARD:
+            envelope.readers.extend(readers)
         # The broker's clock rides along: compute bounds event time against it, whatever the
         # writing host's clock says (a replay keeps its original's).
         envelope.first_appended_ms = envelope.first_appended_ms or ingest_time
         out_key = envelope.key if self._rekey and envelope.key else record.key()
         batch.emit(self._topic_prefix + streams.topic_of(envelope.stream), encode_envelope(envelope), key=out_key)
+
+    def _readers(self, envelope: Envelope) -> tuple[str, ...]:
+        """Who acks the forwarded record (docs/decisions/0028): every job reading its stream, or
+        only the versions of the job a re-driven letter goes back to (the others pass it over)."""
+        if self._readers_of is None:
+            return ()
+        readers = self._readers_of(envelope.stream)
+        if envelope.redrive_job:
+            readers = tuple(r for r in readers if r.partition("@")[0] == envelope.redrive_job)  # job@n: a version
+        return readers
 
     # -- punctuation: GC and Forget ------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from onceflow import streams
 from onceflow.admin import ServiceServer
 from onceflow.admin.loop_controls import LoopControls
 from onceflow.kafka.inspect import partitions_of
+from onceflow.readers import ReaderDirectory
 from onceflow.redis_client import connect
 from onceflow.runner import run_loop_service
 from onceflow.state.redis_store import RedisWatch
@@ -29,8 +30,11 @@ def build(settings: DedupSettings) -> tuple[TransactionalLoop[exact.DedupStore],
     client.ping()  # fail at startup, with the URL in the error, rather than at the first record
     spec = settings.spec
     watch = RedisWatch(client)
+    # Read to its end before the first record: a job reading a stream gets its own ack edge.
+    readers = ReaderDirectory(common).start()
     gate = DedupGate(
-        common.topic_prefix, settings.ack_mode, settings.rekey, settings.gc_limit, streams.directory(common).exists
+        common.topic_prefix, settings.ack_mode, settings.rekey, settings.gc_limit, streams.directory(common).exists,
+        readers.readers_of,
     )
     input_topic = common.topic(Topic.INGEST_RECORDS)
     loop = TransactionalLoop(

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import KafkaException
 
-from onceflow import streams
+from onceflow import readers, streams
 from onceflow.config import CommonSettings
 from onceflow.kafka import clients, positions
 from onceflow.kafka.inspect import partitions_of
@@ -245,5 +245,8 @@ def retire(common: CommonSettings, job: str, version: int) -> list[str]:
             deleted.append(f"group {group}")
         except KafkaException:
             pass  # never created (a transform has no merge group)
+    target = record.versions[version]
+    if readers.forget(common, target.stream, name):  # its workers were killed, not stopped cleanly
+        deleted.append(f"reader {name} of stream {streams.display(target.stream)}")
     deleted.append(f"table {name} (by the sink, as it reads the registry)")
     return deleted

@@ -5,20 +5,21 @@ refused, never a new stream."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Annotated
 
 import typer
 from confluent_kafka import KafkaException
 from rich.table import Table
 
-from onceflow import streams
+from onceflow import readers, streams
 from onceflow.config import CommonSettings
 from onceflow.kafka import clients
 from onceflow.kafka.inspect import end_offsets
 from onceflow.kafka.positions import low_watermarks
 from onceflow_tools.cli.options import full_width_console
 
-app = typer.Typer(no_args_is_help=True, help="Named streams: create and list them.")
+app = typer.Typer(no_args_is_help=True, help="Named streams: create and list them, and see which jobs read them.")
 console = full_width_console()
 
 
@@ -72,3 +73,39 @@ def list_(as_json: Annotated[bool, typer.Option("--json", help="Print JSON for s
     console.print(table)
     if not rows:
         console.print(f"no streams under prefix {common.topic_prefix!r}: run `onceflow infra topics`", highlight=False)
+
+
+@app.command("readers")
+def readers_(
+    forget: Annotated[
+        str, typer.Option("--forget", metavar="JOB", help="Remove JOB (as it runs: `job` or `job@n`) from the stream's readers, for good.")
+    ] = "",
+    stream: Annotated[str, typer.Option("--stream", help="With --forget: the stream JOB read.")] = streams.DEFAULT,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
+) -> None:
+    """Which jobs read which stream (docs/decisions/0028): a record's tree ends once each has
+    processed it. A worker says so at start and unsays it on a clean stop; a job whose workers
+    were killed and will never come back keeps its records' trees waiting until they time out:
+    --forget removes it."""
+    common = CommonSettings()
+    try:
+        if forget:
+            removed = readers.forget(common, stream, forget)
+            console.print(f"stream {streams.display(stream)}: {removed} worker(s) of {forget} forgotten", highlight=False)
+            if not removed:
+                raise typer.Exit(1)
+            return
+        entries = readers.read_readers(common)
+    except (KafkaException, RuntimeError) as exc:
+        console.print(f"[red]error:[/] {readers.readers_topic(common)} at {common.kafka_bootstrap}: {exc}", highlight=False)
+        raise typer.Exit(1) from None
+    if as_json:
+        print(json.dumps([{"stream": streams.display(r.stream), "job": r.job, "instance": r.instance, "since_ms": r.since_ms} for r in entries]))
+        return
+    table = Table("stream", "job", "instance", "since")
+    for entry in entries:
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(entry.since_ms / 1000)) if entry.since_ms else "-"
+        table.add_row(streams.display(entry.stream), entry.job, entry.instance, since)
+    console.print(table)
+    if not entries:
+        console.print("no job reads any stream (a compute worker says so when it starts)", highlight=False)

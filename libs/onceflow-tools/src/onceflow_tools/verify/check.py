@@ -8,7 +8,7 @@ checks. It reads every topic back after the run and says, per record_id and over
 - **aborted reads**: a committed record that could only have come from an aborted one. A
   write of an aborted transaction (read_uncommitted minus read_committed, by offset) has ids of
   its own: an ingest envelope's ``root_id`` (a client's retry gets a new one), each envelope's
-  ``edge_id``. None of them may show up committed downstream: no gate output with an aborted
+  ``edge_id`` and the edge each reader it names acks (``acks.reader_edge``). None of them may show up committed downstream: no gate output with an aborted
   ingest root, no ack (acker.acks, read_committed) of an aborted edge;
 - **hanging transactions**: a partition of any pipeline topic whose last stable offset stays
   below its high watermark past the transaction timeout;
@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from onceflow import streams, topology
+from onceflow.acks import reader_edge
 from onceflow.codec import decode_envelope
 from onceflow.config import CommonSettings
 from onceflow.kafka.inspect import (
@@ -125,9 +126,17 @@ def _aborted(committed: list[TopicRecord], everything: list[TopicRecord]) -> _Ab
     live = [decode_envelope(r.value) for r in committed]
     return _Aborted(
         roots={e.root_id for e in aborted} - {e.root_id for e in live},
-        edges={e.edge_id for e in aborted} - {e.edge_id for e in live},
+        edges=_edges(aborted) - _edges(live),
         count=len(aborted),
     )
+
+
+def _edges(envelopes: list[Envelope]) -> set[int]:
+    """The edges the readers of these envelopes ack: each named reader its own
+    (docs/decisions/0028), or the one edge when the gate named none."""
+    edges = {e.edge_id for e in envelopes}
+    edges.update(reader_edge(e.edge_id, reader) for e in envelopes for reader in e.readers)
+    return edges
 
 
 def _dead_letter_ids(records: Iterable[TopicRecord]) -> list[str]:

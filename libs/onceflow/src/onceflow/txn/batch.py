@@ -70,6 +70,7 @@ class Batch(Generic[StoreT]):
         self._acks_topic = acks_topic
         self._acks = acks.AckBuffer(ack_partitions)
         self._anchoring = acks.Anchoring(ack_partitions, stage)
+        self._foreign_roots: set[int] = set()  # pass_over
         self.outputs: list[Output] = []
         self.new_roots: list[NewRoot] = []
         self.dead_letters = 0
@@ -124,8 +125,16 @@ class Batch(Generic[StoreT]):
         written = self.outputs or self.new_roots or self._acks or self._anchoring.has_members
         return bool(written) or any(o.changes for o in self._overlays.values())
 
+    def pass_over(self, envelope: Envelope) -> None:
+        """This stage reads ``envelope`` but is no part of its tree (a job that started reading
+        its stream after it passed the gate: docs/decisions/0028): no ack of it, and no anchor
+        of its root, is ever sent from this transaction."""
+        self._foreign_roots.add(envelope.root_id)
+
     def ack(self, envelope: Envelope, children: Iterable[int] = ()) -> None:
         """Tell the acker this stage processed ``envelope`` and emitted ``children`` (edge ids)."""
+        if envelope.root_id in self._foreign_roots:
+            return
         xor_value = envelope.edge_id
         for child in children:
             xor_value ^= child
@@ -134,7 +143,7 @@ class Batch(Generic[StoreT]):
     def anchor_roots(self, envelopes: Iterable[Envelope]) -> None:
         """These inputs' trees continue in the outputs anchored by ``anchor``, or end with this
         transaction if it anchors none (``acks.Anchoring``): in place of ``ack`` for each."""
-        self._anchoring.roots(envelopes)
+        self._anchoring.roots(e for e in envelopes if e.root_id not in self._foreign_roots)
 
     def consumed(self, anchor: Anchor) -> None:
         """An anchored input was consumed (processed or dead-lettered): its edge is acked, and

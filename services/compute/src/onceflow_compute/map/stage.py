@@ -73,7 +73,9 @@ class MapStage:
         # `usersum` reaches every version of it, one that reprocesses later included.
         base = split(self.job.name)[0]
         batch.job = base
-        frame = build_frame(batch.records, self.job.schema, base)
+        frame = build_frame(batch.records, self.job.schema, base, self.job.name)
+        for other_jobs in frame.foreign:
+            batch.pass_over(other_jobs)  # before any ack: this job is no part of these trees
         for record, envelope, reason in frame.rejected:
             batch.dead_letter(record, reason)
             if envelope is not None:
