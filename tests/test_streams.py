@@ -368,3 +368,22 @@ def test_a_squatting_producer_cannot_drop_another_producers_records(pipeline: Pi
     eventually(exact, 120, "every producer's records counted once, the squatter's and the shop's", interval_s=1)
     eventually(lambda: not undrained(common, usersum.JOB), 120, "the pipeline to drain", interval_s=2)
     assert pipeline.table(usersum.JOB) == usersum.fold_answer(pipeline.orders)
+
+
+def test_stream_readers_lists_each_worker_and_forgets_a_job_gone_for_good(pipeline: Pipeline) -> None:
+    """`onceflow stream readers` (docs/decisions/0028): what the gate gives an ack edge to."""
+    common = pipeline.common
+    env = {**{k: v for k, v in os.environ.items() if k != "COLUMNS"}, "ONCEFLOW_TOPIC_PREFIX": common.topic_prefix,
+           "ONCEFLOW_KAFKA_BOOTSTRAP": common.kafka_bootstrap}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "onceflow_tools", "stream", "readers", *args],
+                              capture_output=True, text=True, timeout=60, env=env)
+
+    readers.register(common, PAYMENTS, "gone", "0")  # a worker killed, never to come back
+    listed = json.loads(cli("--json").stdout)
+    assert {(r["stream"], r["job"]) for r in listed} >= {("default", usersum.JOB), ("default", PICKY_JOB), (PAYMENTS, PAY_JOB), (PAYMENTS, "gone")}
+    forgot = cli("--forget", "gone", "--stream", PAYMENTS)
+    assert forgot.returncode == 0 and "1 worker(s) of gone forgotten" in forgot.stdout, forgot.stdout + forgot.stderr
+    assert (PAYMENTS, "gone") not in {(streams.display(r.stream), r.job) for r in readers.read_readers(common)}
+    assert cli("--forget", "gone", "--stream", PAYMENTS).returncode == 1  # nothing left to forget
