@@ -297,7 +297,7 @@ def wait_unhealthy(address: str, timeout_s: float, what: str) -> compute_pb2.Com
 
 def test_records_a_job_raises_on_are_dead_lettered_alone_and_admin_reports_the_job(pipeline: Pipeline) -> None:
     unlucky = {137}
-    inputs = picky_inputs(300, unlucky)
+    inputs = picky_inputs(200, unlucky)
     port = free_port()
     # Small batches: each bisection step is a Spark job with a Python UDF (seconds on one core).
     proc = worker(

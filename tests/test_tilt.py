@@ -51,6 +51,9 @@ def test_tilt_ci_brings_every_resource_up_then_stops_them(infra: None) -> None:
     wait_pipeline_gone()
 
 
+# A second `tilt ci` (about 25 s of a worker): in make test-extended. That a job naming nothing
+# is refused at start (exit 2, naming it) stays in make test (services/compute/tests/test_start_refusals.py).
+@pytest.mark.extended
 def test_a_resource_that_cannot_start_fails_tilt_ci(infra: None) -> None:
     wait_pipeline_gone()  # whatever ran before (the test above) is gone, so only the job can fail
     result = tilt_ci(ONCEFLOW_COMPUTE_JOB="no_such_job")
