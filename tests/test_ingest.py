@@ -416,6 +416,15 @@ def test_ingest_validation_fuzzed_answers_ok_or_invalid_argument_and_never_crash
 
     call()
     raw_call()
+    # A stream whose second message does not parse (make fuzz found grpcio's INTERNAL here): the
+    # call is refused naming the message; the first, committed as it came, stays (docs/client.md).
+    raw_stream = grpc.insecure_channel(address).stream_unary("/onceflow.v1.Ingest/IngestStream")
+    first = ingest_pb2.IngestRequest(records=[IngestRecord(record_id=b"stream-ok", payload=b"{}")]).SerializeToString()
+    with pytest.raises(grpc.RpcError) as refused:
+        raw_stream(iter([first, b"\x84"]), timeout=30)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (refused.value.code(), refused.value.details())
+    assert "IngestStream: message 1 does not parse" in (refused.value.details() or "")
+    accepted.append("stream-ok")
     assert proc.alive(), proc.log_tail()
     assert accepted, "no example was valid: the fuzz never reached the commit path"
     committed = sorted(checker.record_id_of_bytes(r.value) for r in _committed(pipeline))

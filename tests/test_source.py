@@ -249,6 +249,32 @@ def test_a_topic_copied_through_kill9s_counts_every_record_once(running: Running
         process.terminate()
 
 
+def test_the_source_holds_at_max_pending_trees_while_the_acker_is_away(running: Running) -> None:
+    """Issue 39: the source had no cap on trees in flight, so a backlog went into the acker and
+    the hops all at once. With the acker stopped no tree ends: the source stops at its cap
+    (within one batch), and copies the rest, each record once, when the acker is back."""
+    common = running.common
+    topic = fill_topic(common.kafka_bootstrap, f"{common.topic_prefix}user.held", "h", 400, seed=31)
+    acker = running.supervisor.instances["acker"].process
+    acker.sigstop()
+    process = running.source(topic.name, "held", ONCEFLOW_SOURCE_MAX_PENDING="40", ONCEFLOW_LOOP_MAX_BATCH_RECORDS="10")
+    try:
+        process.start()
+        process.wait_log("trees in flight (ONCEFLOW_SOURCE_MAX_PENDING): holding", 60)
+        time.sleep(2.0)  # many polls while held
+        held_at = sum(first_attempts(common, topic.name).values())
+        assert 40 <= held_at < 40 + 10, held_at
+    finally:
+        acker.sigcont()
+    try:
+        eventually(lambda: running.copied(topic.name), 120, "the source to copy the rest once trees end", interval_s=1)
+        process.wait_log("trees in flight: reading again", 10)
+        lost, duplicated = copy_faults(set(topic.good), first_attempts(common, topic.name))
+        assert (lost, duplicated) == ([], []), f"lost {lost[:10]} (of {len(lost)}), duplicated {duplicated[:10]}"
+    finally:
+        process.terminate()
+
+
 def test_offsets_committed_outside_the_transaction_lose_records_and_the_check_sees_it(running: Running) -> None:
     common = running.common
     topic = fill_topic(common.kafka_bootstrap, f"{common.topic_prefix}user.sabotaged", "s", 600, seed=8)

@@ -180,3 +180,33 @@ def test_a_poll_takes_what_was_fetched_at_once_and_lingers_only_after_a_first_re
     assert _polled(0, max_batch_records=100, max_batch_ms=100, linger_ms=5) == (0, [(100, 0), (1, 0.1)])
     # linger 0: what came is the batch.
     assert _polled(3, max_batch_records=100, linger_ms=0) == (3, [(100, 0)])
+
+
+def test_a_held_hop_reads_nothing_until_its_backpressure_lifts(consumer: _Consumer) -> None:
+    """Storm's max.spout.pending for the Kafka source: ``held`` pauses reading like Pause, and
+    an operator's Pause still wins over it."""
+    hop = _Recorder()
+    in_flight = {"trees": 0}
+    hop.held = lambda: in_flight["trees"] >= 3
+    thread = threading.Thread(target=hop.run)
+    thread.start()
+    try:
+        _eventually(lambda: len(hop.handled) >= 3)
+        in_flight["trees"] = 3
+        _eventually(lambda: hop.state is LoopState.HELD and consumer.paused == {0})
+        taken = len(hop.handled)
+        time.sleep(0.2)  # many polls while held
+        assert len(hop.handled) == taken
+        hop.pause()
+        _eventually(lambda: hop.state is LoopState.PAUSED)
+        in_flight["trees"] = 0
+        time.sleep(0.1)
+        assert hop.state is LoopState.PAUSED and len(hop.handled) == taken  # lifted, still paused
+        hop.resume()
+        _eventually(lambda: len(hop.handled) > taken)
+        assert hop.state is LoopState.RUNNING
+        offsets = [offset for _partition, offset in hop.handled]
+        assert offsets == list(range(len(offsets)))  # nothing skipped while held
+    finally:
+        hop.stop()
+        thread.join(5)

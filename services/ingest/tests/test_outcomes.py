@@ -14,12 +14,12 @@ from hypothesis import strategies as st
 
 from onceflow.acks import next_root_id
 from onceflow.codec import decode_envelope, encode_envelope
+from onceflow.trees import InFlightTrees, Waiter
 from onceflow.txn.batch import Batch
 from onceflow.v1.acker_pb2 import RecordRef, TreeEvent
 from onceflow.v1.envelope_pb2 import DeadLetter, Envelope
 
 from onceflow_ingest.replay import Original, ReplayStage
-from onceflow_ingest.trees import InFlightTrees, Waiter
 
 pytestmark = pytest.mark.edges
 

@@ -10,10 +10,13 @@ from confluent_kafka import TIMESTAMP_CREATE_TIME
 
 from onceflow.codec import decode_envelope
 from onceflow.spout import Limits
+from onceflow.trees import InFlightTrees
 from onceflow.txn.batch import Batch
+from onceflow.v1.acker_pb2 import TreeEvent
 from onceflow.v1.envelope_pb2 import DeadLetter
 from onceflow_client.kafka_identity import KafkaOrigin
 from onceflow_source.mapping import Mapping
+from onceflow_source.service import PendingCap
 from onceflow_source.stage import SourceStage
 
 pytestmark = pytest.mark.source
@@ -72,3 +75,19 @@ def test_without_acking_the_roots_carry_no_tree_timeout() -> None:
     mapping = Mapping(Limits(1000, 100), origin=KafkaOrigin("cluster-a", "topic-a"))
     SourceStage(mapping, "ingest.records", tree_timeout_ms=None).process(batch)
     assert [(r.record.record_id, r.tree_timeout_ms) for r in batch.new_roots] == [(b"kafka://cluster-a/orders/topic-a/2/9", None)]
+
+
+def test_trees_count_against_the_cap_once_committed_and_leave_it_when_they_end() -> None:
+    """ONCEFLOW_SOURCE_MAX_PENDING: what PendingCap holds the loop on."""
+    trees = InFlightTrees(max_attempts=1)
+    stage = SourceStage(Mapping(Limits(1000, 100), id_field="id"), "p.ingest.records", 30_000, trees)
+    cap = PendingCap(trees, max_pending=2)
+    batch = Batch([FakeMessage(b'{"id": "a"}', 0), FakeMessage(b'{"id": "b"}', 1), FakeMessage(b"oops", 2)],
+                  None, "p.source.dlq", "source", "p.acker.acks", 4)  # type: ignore[arg-type]
+    stage.process(batch)
+    assert len(trees) == 0 and not cap()  # an aborted batch starts no tree
+    for committed in batch.after_commit:
+        committed()
+    assert len(trees) == 2 and cap()  # the letter started none
+    trees.on_event(TreeEvent(root_id=batch.new_roots[0].record.root_id, outcome=TreeEvent.COMPLETED, attempt=1))
+    assert len(trees) == 1 and not cap()

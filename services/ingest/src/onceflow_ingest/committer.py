@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from onceflow import faults, metrics, spout
 from onceflow.config import CommonSettings
 from onceflow.spout import NewRecord
+from onceflow.trees import InFlightTrees, Waiter
 from onceflow.txn.batching import Batcher, BatchPolicy
 from onceflow.txn.errors import FencedError
 from onceflow.txn.producer import TxnOutcome, open_producer
 
-from onceflow_ingest.trees import InFlightTrees, Waiter
 
 log = logging.getLogger(__name__)
 

@@ -13,6 +13,7 @@ from onceflow.kafka.inspect import wait_partition_count
 from onceflow.runner import on_stop_signals
 from onceflow.state.store import KeyValueStore
 from onceflow.topology import Topic
+from onceflow.trees import EventWatcher, InFlightTrees
 from onceflow.txn import TransactionalLoop
 from onceflow.txn.errors import EXIT_FENCED, EXIT_OK, EXIT_RESTART
 from onceflow.v1 import ingest_pb2, ingest_pb2_grpc
@@ -21,8 +22,6 @@ from onceflow_ingest.committer import Acking, GroupCommitter
 from onceflow_ingest.config import IngestSettings
 from onceflow_ingest.replay import OriginalFetcher, ReplayStage
 from onceflow_ingest.servicer import IngestServicer
-from onceflow_ingest.trees import InFlightTrees
-from onceflow_ingest.watcher import EventWatcher
 
 log = logging.getLogger(__name__)
 

@@ -15,11 +15,11 @@ from onceflow.codec import now_ms
 from onceflow.producers import Producers
 from onceflow.spout import Invalid, Limits, NewRecord, check_record, new_record
 from onceflow.streams import StreamDirectory, StreamLookupFailed
+from onceflow.trees import Waiter
 from onceflow.v1 import ingest_pb2, ingest_pb2_grpc
 
 from onceflow_ingest.committer import GroupCommitter, NotCommitted, OutcomeUnknown, Overloaded
 from onceflow_ingest.config import IngestSettings
-from onceflow_ingest.trees import Waiter
 
 log = logging.getLogger(__name__)
 

@@ -64,6 +64,12 @@ class SourceSettings(BaseSettings):
         description="A tree not fully acked within this is TIMED_OUT (replayed only if ingest runs with "
         "`ONCEFLOW_INGEST_REPLAY`).",
     )
+    max_pending: int = Field(
+        default=50_000, ge=1,
+        description="Storm's max.spout.pending, as for ingest: the source's trees in flight (with acking). At the cap it "
+        "reads nothing more of the topic (state HELD) until trees complete or time out, so a topic's backlog never "
+        "floods the acker and the hops behind it.",
+    )
     max_payload_bytes: int = Field(
         default=256 * 1024,
         ge=1,

@@ -23,6 +23,7 @@ from onceflow.runner import run_loop_service
 from onceflow.service_main import EXIT_USAGE
 from onceflow.topology import Topic
 from onceflow.state.store import KeyValueStore
+from onceflow.trees import EventWatcher, InFlightTrees
 from onceflow.txn import TransactionalLoop
 from onceflow.txn.driver import GroupIntake
 from onceflow.txn.external import ExternalIntake, ExternalTopic
@@ -127,6 +128,7 @@ def build(
         Mapping(settings.limits, settings.id_field, origin, settings.stream),
         common.topic(Topic.INGEST_RECORDS),
         settings.tree_timeout_ms if settings.acking else None,
+        InFlightTrees(max_attempts=1) if settings.acking else None,
     )
     inner = (
         GroupIntake(common, settings.group_id, settings.topic, settings.loop.session_timeout_ms)
@@ -145,9 +147,12 @@ def build(
         intake=intake,
     )
     intake.stop = loop.stopping
+    if stage.trees is not None:
+        loop.held = PendingCap(stage.trees, settings.max_pending)
 
     def gauges() -> dict[str, float]:
-        return {"copied": float(stage.counts.copied), "dead_lettered": float(stage.counts.dead_lettered)}
+        pending = {"trees_in_flight": float(len(stage.trees))} if stage.trees is not None else {}
+        return {"copied": float(stage.counts.copied), "dead_lettered": float(stage.counts.dead_lettered), **pending}
 
     server = ServiceServer.for_service(
         "source", settings, LoopControls(loop, gauges),
@@ -170,9 +175,39 @@ def run(settings: SourceSettings) -> int:
     except SourceRefused as exc:
         print(f"onceflow-source: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    loop, server, _stage = build(settings, external, origin)
+    loop, server, stage = build(settings, external, origin)
+    watcher = None
+    if stage.trees is not None:
+        # From acker.events' ends as they are before the first record: every event of a tree
+        # this instance starts lies past them.
+        watcher = EventWatcher(settings.common, settings.common.topic(Topic.ACKER_EVENTS), stage.trees, name="source")
+        watcher.start()
     log.info("source: copying %s%s into %s as %s (record_id: %s)", settings.topic,
              f" from cluster {external.cluster_id} ({external.bootstrap})" if external else "",
              settings.common.topic(Topic.INGEST_RECORDS), transactional_id(settings, external),
              record_id_form(settings, origin))
-    return run_loop_service(loop, server, settings.metrics_port, settings.host)
+    try:
+        return run_loop_service(loop, server, settings.metrics_port, settings.host)
+    finally:
+        if watcher is not None:
+            watcher.stop()
+
+
+class PendingCap:
+    """The loop's ``held``: True while the trees in flight are at ``max_pending``; says when the
+    source stops reading and when it goes on."""
+
+    def __init__(self, trees: InFlightTrees, max_pending: int) -> None:
+        self._trees = trees
+        self._max = max_pending
+        self._holding = False
+
+    def __call__(self) -> bool:
+        holding = len(self._trees) >= self._max
+        if holding != self._holding:
+            self._holding = holding
+            if holding:
+                log.info("source: %d trees in flight (ONCEFLOW_SOURCE_MAX_PENDING): holding until some end", len(self._trees))
+            else:
+                log.info("source: %d trees in flight: reading again", len(self._trees))
+        return holding

@@ -10,6 +10,7 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 from onceflow import spout
 from onceflow.kafka.records import offset_of, partition_of
 from onceflow.state.store import KeyValueStore
+from onceflow.trees import InFlightTrees
 from onceflow.txn.batch import Batch
 
 from onceflow_source.mapping import Mapping, SourceRecord, Unmappable, map_record
@@ -44,14 +45,19 @@ def _headers_of(message: Message) -> list[tuple[str, bytes | None]]:
 class SourceStage:
     name = "source"
 
-    def __init__(self, mapping: Mapping, ingest_topic: str, tree_timeout_ms: int | None) -> None:
+    def __init__(
+        self, mapping: Mapping, ingest_topic: str, tree_timeout_ms: int | None, trees: InFlightTrees | None = None
+    ) -> None:
         self._mapping = mapping
         self._ingest_topic = ingest_topic
         self._tree_timeout_ms = tree_timeout_ms  # None: acking off
+        # The trees this instance started and that have not ended yet (acker.events): the cap.
+        self.trees = trees
         self.counts = SourceCounts()
 
     def process(self, batch: Batch[KeyValueStore]) -> None:
         copied = dead = 0
+        started: list[tuple[int, str]] = []
         for message in batch.records:
             try:
                 record = map_record(source_record(message), self._mapping)
@@ -59,11 +65,15 @@ class SourceStage:
                 batch.dead_letter(message, exc)
                 dead += 1
                 continue
-            batch.emit_new(self._ingest_topic, spout.new_record(record, batch.now_ms), self._tree_timeout_ms)
+            new = spout.new_record(record, batch.now_ms)
+            batch.emit_new(self._ingest_topic, new, self._tree_timeout_ms)
+            started.append((new.root_id, new.record_id.decode(errors="replace")))
             copied += 1
 
         def count() -> None:
             self.counts.copied += copied
             self.counts.dead_lettered += dead
+            if self.trees is not None and self._tree_timeout_ms is not None:
+                self.trees.add(started)  # committed: their INITs are the acker's now
 
         batch.after_commit.append(count)

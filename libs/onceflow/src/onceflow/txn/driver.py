@@ -49,6 +49,7 @@ class LoopState(str, enum.Enum):
     STARTING = "STARTING"
     RUNNING = "RUNNING"
     PAUSED = "PAUSED"
+    HELD = "HELD"  # backpressure: a spout's trees in flight are at their cap
     DRAINED = "DRAINED"
     STOPPED = "STOPPED"
     FENCED = "FENCED"
@@ -184,6 +185,9 @@ class ConsumerDriver:
         # Told False when the hop cannot make progress (stage failing, store unavailable), True
         # once it does again: gRPC health.
         self.health_listener: Callable[[bool], None] = lambda _healthy: None
+        # Backpressure from downstream (a spout's trees in flight at their cap, Storm's
+        # max.spout.pending): while it answers True the hop reads nothing, as if paused.
+        self.held: Callable[[], bool] = lambda: False
 
     # -- control (any thread) --------------------------------------------------------------
 
@@ -334,16 +338,20 @@ class ConsumerDriver:
 
     def _apply_pause(self) -> None:
         assert self._consumer is not None
-        want = self._pause_requested or self._drain_requested
+        requested = self._pause_requested or self._drain_requested
+        held = not requested and self.held()
+        want = requested or held
+        self.state = (
+            LoopState.DRAINED if self._drain_requested else LoopState.PAUSED if self._pause_requested
+            else LoopState.HELD if held else LoopState.RUNNING
+        )
         if want == self._paused_now:
             return
         assignment = self._consumer.assignment()
         if want:
             self._consumer.pause(assignment)
-            self.state = LoopState.DRAINED if self._drain_requested else LoopState.PAUSED
         else:
             self._consumer.resume(assignment)
-            self.state = LoopState.RUNNING
         self._paused_now = want
 
     def _sample_progress(self) -> None:

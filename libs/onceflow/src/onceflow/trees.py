@@ -1,14 +1,23 @@
-"""The trees this ingest instance started and is still waiting on: the in-flight count for
-backpressure, and the callers waiting for wait=PROCESSED. Fed by acker.events."""
+"""The trees a spout (ingest, the Kafka source) started and is still waiting on: the in-flight
+count for backpressure (Storm's max.spout.pending), and ingest's callers waiting for
+wait=PROCESSED. Fed by acker.events (:class:`EventWatcher`)."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from confluent_kafka import TopicPartition
+
 from onceflow.acks import next_root_id
+from onceflow.config import CommonSettings
+from onceflow.kafka import clients
+from onceflow.kafka.inspect import end_offsets
 from onceflow.v1.acker_pb2 import TreeEvent
+
+log = logging.getLogger(__name__)
 
 _EARLY_MEMORY = 10_000
 
@@ -90,3 +99,40 @@ class InFlightTrees:
             waiter.remaining -= 1
             if waiter.remaining <= 0:
                 waiter.done.set()
+
+
+class EventWatcher:
+    """Follows acker.events (every partition, from the end) for the trees ``trees`` holds."""
+
+    def __init__(self, common: CommonSettings, topic: str, trees: InFlightTrees, name: str = "ingest") -> None:
+        self._trees = trees
+        self._stop = threading.Event()
+        self._common = common
+        self._topic = topic
+        self._consumer = clients.reader(common, **{"enable.partition.eof": False})
+        self._thread = threading.Thread(target=self._run, name=f"{name}-events", daemon=True)
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        """Start at each partition's end, looked up before ingest accepts anything: every event
+        of a tree this instance starts lies past it. Explicit offsets, not OFFSET_END: a
+        consumer's position at OFFSET_END stays unknown until a first event arrives, so waiting
+        for it cost every start on a quiet topic its whole wait (15 s)."""
+        stable_ends = end_offsets(self._common, self._topic, timeout_s)  # retried while leaders move
+        self._consumer.assign([TopicPartition(self._topic, p, stable) for p, (stable, _high) in sorted(stable_ends.items())])
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._consumer.close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for message in clients.consume_ready(self._consumer, 1000, 0.2):
+                if message.error() is not None:
+                    log.warning("acker.events: %s", message.error())
+                    continue
+                try:
+                    self._trees.on_event(TreeEvent.FromString(message.value() or b""))
+                except Exception:  # noqa: BLE001 - one bad event must not stop the watcher
+                    log.exception("bad event at %s[%d]@%d", message.topic(), message.partition(), message.offset())
