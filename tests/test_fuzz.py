@@ -119,6 +119,7 @@ def _raw(channel: grpc.Channel, method: MethodDescriptor) -> Callable[..., objec
     return channel.unary_unary(path)
 
 
+@pytest.mark.timeout(3600)  # FUZZ_EXAMPLES scales it: 300 per boundary is about 5 minutes
 def test_every_boundary_answers_precisely_stays_up_and_bounded(pipeline: Supervisor, tmp_path: Path) -> None:
     outcomes = Outcomes()
     channels = {name: grpc.insecure_channel(pipeline.address(name)) for name in SERVED_BY["onceflow.v1.Admin"]}

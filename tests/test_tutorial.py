@@ -269,7 +269,10 @@ def test_the_tutorial_blocks_are_well_formed() -> None:
     file compiles, and every address a block spells out is one the test can move."""
     blocks = tutorial_blocks(DOC.read_text())
     files = [block.path for block in blocks if block.kind == "file"]
-    assert files == ["first-job/shop/sales.py", "first-job/tail.py", "first-job/send.py", "first-job/compare.py"], files
+    assert files == [
+        "first-job/shop/sales.py", "first-job/tail.py", "first-job/send.py", "first-job/compare.py", "first-job/shop/refunds.py",
+        "first-job/refund.py",
+    ], files
     for block in blocks:
         if block.path.endswith(".py"):
             compile(block.body, block.path, "exec")
@@ -343,6 +346,16 @@ def test_the_tutorial_runs_as_written_and_streaming_equals_batch_equals_the_fold
         assert "streaming and batch agree on all 5 rows" in everything, everything
         assert "sent the first 100 again" in everything, everything
         assert all(product in everything for product in expected), "onceflow query scan did not show every product"
+        # Step 8 (issue 45): a job on a stream of its own, a dead letter listed, fixed and re-driven
+        # once; the refunds table is the fold of the corrected refunds.
+        assert "reads stream refunds (" in everything, everything
+        assert 'field `cents`: expected int64, got a string "a lot"' in everything, everything
+        assert "1 record(s) to refunds" in everything, everything
+        scanned = next(json.loads(line) for line in everything.splitlines() if line.startswith('[{"key"'))
+        assert {row["key"]: row["value"] for row in scanned} == {
+            "apple": {"product": "apple", "refunds": 2, "refunded_cents": 150},
+            "fig": {"product": "fig", "refunds": 2, "refunded_cents": 360},
+        }, scanned
     except BaseException:
         for log in sorted((clone / "first-job" / "logs").glob("*.log")):
             print(f"===== {log.name} (last 40 lines) =====")
