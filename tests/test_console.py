@@ -252,6 +252,31 @@ def test_a_record_lookup_shows_a_completed_tree_and_unknown_ids_are_not_found(pa
     assert "compute.dlq" in page.locator("#dead-letters").inner_text()
 
 
+def test_the_dead_letters_page_counts_reasons_filters_and_escapes(page: Page, running: Running) -> None:
+    """Issue 45 item 2: `onceflow dlq list` in the console. The HTML record (its payload is not
+    JSON) is compute's letter; its id is shown as text and links to its record lookup."""
+
+    def listed() -> bool:
+        page.goto("/letters?" + urllib.parse.urlencode({"job": "usersum"}))
+        return HTML_RECORD_ID in page.locator("#letters").inner_text()
+
+    eventually(listed, 120, "the HTML record's letter on the dead letters page", interval_s=2)
+    assert page.locator("#injected-id").count() == 0 and page.evaluate("window.pwned") is None
+    reasons = page.locator("#reasons tbody tr").all_inner_texts()
+    assert reasons and all(row.split("\t")[1].startswith("compute") for row in reasons), reasons
+    row = page.locator("#letters tbody tr", has_text="injected-id").first
+    assert row.locator("td").nth(2).inner_text() == "compute" and row.locator("td").nth(6).inner_text() == "usersum"
+    row.locator("a").click()  # the record id links to its lookup
+    eventually(lambda: page.locator("code.record-id").count() == 1, 30, "the record page")
+    assert page.locator("code.record-id").inner_text() == HTML_RECORD_ID
+    page.goto("/letters?" + urllib.parse.urlencode({"job": "no-such-job"}))
+    assert page.locator("#total").inner_text() == "0 letters"
+    assert "no dead letters matching these filters" in page.locator("#letters").inner_text()
+    response = page.goto("/letters?topic=ingest.records")
+    assert response is not None and response.status == 400
+    assert "no dead-letter topic" in page.locator("#problem").inner_text()
+
+
 def test_paging_a_result_table_returns_every_row_once_and_escapes_keys(page: Page, running: Running) -> None:
     expected = {f"u{k}" for k in range(USERS)} | {HTML_USER}
 

@@ -9,6 +9,7 @@ import base64
 import binascii
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from starlette.templating import Jinja2Templates
 from onceflow.admin.tls import ClientTLS
 from onceflow.config import CommonSettings
 from onceflow.kafka.registry import read_registry
+from onceflow_client.dlq import DLQ_TOPICS, DeadLetters, Letter, LetterFilter, reason_counts
 from onceflow_tools.console import graph, grpc_calls, records
 from onceflow_tools.console.grpc_calls import CallFailed
 from onceflow_tools.console.settings import ConsoleSettings
@@ -36,6 +38,7 @@ from onceflow_sink import versions
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
 CALL_TIMEOUT_S = 5.0
+LETTERS_SHOWN = 200  # the newest letters a page lists; the counts are of all
 # How often the event stream looks for a newer snapshot (the watch publishes once a poll).
 STREAM_TICK_S = 0.25
 
@@ -246,6 +249,38 @@ def build(console: Console) -> Starlette:
             next_page=_encode_token(reply.next_page_token) if reply.next_page_token else "",
         )
 
+    async def letters(request: Request) -> Response:
+        """The dead letters, counted per reason, the newest first: ``onceflow dlq list`` as a page."""
+        params = request.query_params
+        topic = params.get("topic") or None
+        if topic is not None and topic not in DLQ_TOPICS:
+            return problem(request, 400, f"topic: {topic!r} is no dead-letter topic (known: {', '.join(DLQ_TOPICS)})")
+        keep = LetterFilter(
+            stage=params.get("stage") or None, job=params.get("job") or None, reason=params.get("reason") or None,
+            record_id=params.get("record_id") or None,
+        )
+        found, failure = await run_in_threadpool(_letters, topic, keep)
+        shown = list(reversed(found[-LETTERS_SHOWN:]))
+        rows = [
+            {"topic": l.topic, "place": f"{l.partition}@{l.offset}", "stage": l.stage, "error_class": l.error_class,
+             "message": l.message, "record_id": l.record_id or "", "job": l.job or "",
+             "failed_at": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(l.failed_at_ms / 1000)) if l.failed_at_ms else ""}
+            for l in shown
+        ]
+        return page(
+            request, "letters.html", 503 if failure else 200, counts=reason_counts(found).most_common(), total=len(found),
+            rows=rows, filters={k: params.get(k, "") for k in ("topic", "stage", "job", "reason", "record_id")},
+            topics=DLQ_TOPICS, problem=failure, shown=LETTERS_SHOWN,
+        )
+
+    def _letters(topic: str | None, keep: LetterFilter) -> tuple[list[Letter], str]:
+        common = console.common
+        try:
+            with DeadLetters(common.kafka_bootstrap, common.topic_prefix, [topic] if topic else None, common.kafka_client_config()) as reader:
+                return reader.list(keep, timeout_s=console.settings.lookup_timeout_s), ""
+        except Exception as exc:  # noqa: BLE001 - an unreadable topic is a line on the page, not an error page
+            return [], f"dead letters: {type(exc).__name__}: {exc}"
+
     async def not_found(request: Request, _exc: Exception) -> Response:
         return problem(request, 404, f"no page at {request.url.path}")
 
@@ -259,6 +294,7 @@ def build(console: Console) -> Starlette:
         Route("/records/forget", forget, methods=["POST"]),
         Route("/tables", tables),
         Route("/tables/{job}", table),
+        Route("/letters", letters),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
     return Starlette(routes=routes, exception_handlers={404: not_found})
