@@ -78,6 +78,17 @@ def test_the_filter() -> None:
     assert kept(LetterFilter(job="nobody")) == []
 
 
+def test_the_filter_by_stream_keeps_letters_that_hold_a_record_of_it() -> None:
+    """issue 45: `onceflow dlq list --stream payments`; the default stream however it is named."""
+    paid = letter("compute.dlq", 9, stage="compute", error_class="Rejected", message="bad cents",
+                  original=Envelope(record_id="p-1", root_id=8, attempt=1, stream="payments").SerializeToString())
+    every = [*ALL, paid]
+    assert [one for one in every if LetterFilter(stream="payments")(one)] == [paid]
+    assert [one for one in every if LetterFilter(stream="default")(one)] == [MAP, SCHEMA, LATE]
+    assert [one for one in every if LetterFilter(stream="")(one)] == [MAP, SCHEMA, LATE]  # no record, no stream
+    assert paid.stream == "payments" and MAP.stream == "" and MERGE.stream is None
+
+
 def test_counts_per_reason() -> None:
     assert reason_counts(ALL).most_common(1) == [("compute: Rejected", 3)]
     assert reason_counts(ALL)["source: Rejected"] == 1

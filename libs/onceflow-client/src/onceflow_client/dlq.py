@@ -77,6 +77,10 @@ def decode_original(letter: DeadLetter) -> Envelope | PartialAggregate | ResultC
     return message
 
 
+def _canonical_stream(stream: str) -> str:
+    return "" if stream in ("", "default") else stream
+
+
 @dataclass(frozen=True)
 class Letter:
     """One dead letter where it was read: ``topic`` without the prefix, its partition and offset."""
@@ -127,6 +131,11 @@ class Letter:
             return topic.group(1)
         match = _JOB_IN_MESSAGE.search(self.letter.message)
         return match.group(1) if match else None
+
+    @property
+    def stream(self) -> str | None:
+        """The stream of the record it holds ("" for the default stream); None without a record."""
+        return _canonical_stream(self.original.stream) if isinstance(self.original, Envelope) else None
 
     @property
     def reason(self) -> str:
@@ -195,6 +204,9 @@ class LetterFilter:
     job: str | None = None
     reason: str | None = None
     record_id: str | None = None
+    # A record's stream (docs/decisions/0025): "default" (or "") for the default stream. Letters
+    # that hold no record (a merge hop's partial, a sink's result change) belong to none.
+    stream: str | None = None
 
     def __call__(self, letter: Letter) -> bool:
         if self.stage is not None and letter.stage != self.stage:
@@ -202,6 +214,8 @@ class LetterFilter:
         if self.job is not None and letter.job != self.job:
             return False
         if self.record_id is not None and letter.record_id != self.record_id:
+            return False
+        if self.stream is not None and letter.stream != _canonical_stream(self.stream):
             return False
         if self.reason is not None:
             needle = self.reason.lower()

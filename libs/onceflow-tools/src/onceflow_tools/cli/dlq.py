@@ -14,9 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from onceflow import streams
 from onceflow.config import CommonSettings
-from onceflow.v1.envelope_pb2 import Envelope
 from onceflow.topology import Topic
 from onceflow_client.dlq import DLQ_TOPICS, DeadLetters, Letter, LetterFilter, reason_counts
 from onceflow_tools import redrive as redrive_tool
@@ -40,6 +38,7 @@ Stage = Annotated[str | None, typer.Option("--stage", help="Only letters of this
 Job = Annotated[str | None, typer.Option("--job", help="Only letters of this compute job.")]
 Reason = Annotated[str | None, typer.Option("--reason", help="Only letters whose error class or message contains this (any case).")]
 RecordId = Annotated[str | None, typer.Option("--record-id", help="Only letters of this record id.")]
+Stream = Annotated[str | None, typer.Option("--stream", help="Only letters of records of this stream (default: the default stream).", show_default=False)]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 
 
@@ -85,13 +84,13 @@ def _table(letters: list[Letter]) -> Table:
 @app.command("list")
 def list_(
     prefix: Prefix = None, bootstrap: Bootstrap = None, topic: Topics = None, stage: Stage = None, job: Job = None,
-    reason: Reason = None, record_id: RecordId = None,
+    reason: Reason = None, record_id: RecordId = None, stream: Stream = None,
     limit: Annotated[int, typer.Option("--limit", help="Show the newest N letters (the counts are of all); 0: all.")] = 200,
     as_json: Json = False,
 ) -> None:
     """Every dead letter there is now, with counts per reason, filtered by the options."""
     with _reader(prefix, bootstrap, topic) as reader:
-        letters = reader.list(LetterFilter(stage, job, reason, record_id))
+        letters = reader.list(LetterFilter(stage, job, reason, record_id, stream))
         where, missing = _where(reader), reader.missing
     counts = reason_counts(letters).most_common()
     shown = letters[-limit:] if limit > 0 else letters
@@ -141,7 +140,7 @@ def show(
 @app.command()
 def tail(
     prefix: Prefix = None, bootstrap: Bootstrap = None, topic: Topics = None, stage: Stage = None, job: Job = None,
-    reason: Reason = None, record_id: RecordId = None,
+    reason: Reason = None, record_id: RecordId = None, stream: Stream = None,
     most: Annotated[int | None, typer.Option("--max", help="Stop after this many letters.", show_default=False)] = None,
     timeout: Annotated[float | None, typer.Option("--timeout", help="Stop after this many seconds.", show_default=False)] = None,
     as_json: Json = False,
@@ -149,7 +148,7 @@ def tail(
     """Follow new dead letters as they are committed, until Ctrl-C (or --max / --timeout)."""
     seen = 0
     with _reader(prefix, bootstrap, topic) as reader:
-        letters = reader.tail(LetterFilter(stage, job, reason, record_id), most, timeout)
+        letters = reader.tail(LetterFilter(stage, job, reason, record_id, stream), most, timeout)
         # On stderr with --json, so stdout stays one JSON document a line.
         Console(stderr=True).print(f"following {_where(reader)} (Ctrl-C to stop)", highlight=False)
         try:
@@ -168,8 +167,7 @@ def tail(
 @app.command()
 def redrive(
     prefix: Prefix = None, bootstrap: Bootstrap = None, topic: Topics = None, stage: Stage = None, job: Job = None,
-    reason: Reason = None, record_id: RecordId = None,
-    stream: Annotated[str | None, typer.Option("--stream", help="Only letters of records of this stream.", show_default=False)] = None,
+    reason: Reason = None, record_id: RecordId = None, stream: Stream = None,
     fix: Annotated[
         Path | None,
         typer.Option(
@@ -185,12 +183,10 @@ def redrive(
     (docs/decisions/0026)."""
     fixes = _read_fixes(fix) if fix is not None else None
     with _reader(prefix, bootstrap, topic) as reader:
-        letters = reader.list(LetterFilter(stage, job, reason, record_id))
+        letters = reader.list(LetterFilter(stage, job, reason, record_id, stream))
         common = CommonSettings(
             kafka_bootstrap=bootstrap or CommonSettings().kafka_bootstrap, topic_prefix=reader.prefix,
         )
-    if stream is not None:
-        letters = [l for l in letters if isinstance(l.original, Envelope) and streams.canonical(l.original.stream) == streams.canonical(stream)]
     if fixes is not None:
         letters = [letter for letter in letters if letter.record_id in fixes]
     chosen = redrive_tool.plan(letters, fixes, redrive_tool.redriven(common))

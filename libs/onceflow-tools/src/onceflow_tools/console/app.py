@@ -257,7 +257,7 @@ def build(console: Console) -> Starlette:
             return problem(request, 400, f"topic: {topic!r} is no dead-letter topic (known: {', '.join(DLQ_TOPICS)})")
         keep = LetterFilter(
             stage=params.get("stage") or None, job=params.get("job") or None, reason=params.get("reason") or None,
-            record_id=params.get("record_id") or None,
+            record_id=params.get("record_id") or None, stream=params.get("stream") or None,
         )
         found, failure = await run_in_threadpool(_letters, topic, keep)
         shown = list(reversed(found[-LETTERS_SHOWN:]))
@@ -269,7 +269,7 @@ def build(console: Console) -> Starlette:
         ]
         return page(
             request, "letters.html", 503 if failure else 200, counts=reason_counts(found).most_common(), total=len(found),
-            rows=rows, filters={k: params.get(k, "") for k in ("topic", "stage", "job", "reason", "record_id")},
+            rows=rows, filters={k: params.get(k, "") for k in ("topic", "stage", "job", "stream", "reason", "record_id")},
             topics=DLQ_TOPICS, problem=failure, shown=LETTERS_SHOWN,
         )
 
