@@ -3,7 +3,8 @@
 # once the compose issue lands.)
 FROM python:3.11-slim AS base
 ENV PYTHONUNBUFFERED=1 UV_COMPILE_BYTECODE=1 UV_LINK_MODE=copy
-RUN pip install --no-cache-dir uv==0.13.8
+COPY infra/uv/requirements.txt /tmp/uv-requirements.txt
+RUN pip install --no-cache-dir --require-hashes -r /tmp/uv-requirements.txt
 # The services run as this unprivileged user, never as root.
 RUN useradd --system --uid 10001 --create-home --home-dir /home/onceflow onceflow
 WORKDIR /app

@@ -1,7 +1,7 @@
 # The plain entry point. `make demo` and `make test` each run `make setup` first, so either
 # works alone on a fresh clone. Every step is idempotent and cached.
 SHELL := /bin/bash
-UV_VERSION := 0.13.8
+# uv's version and the sha256 of its wheels: infra/uv/requirements.txt (pip --require-hashes).
 # Tilt is built from source by infra/tilt/install.sh, which pins each version's checksum.
 TILT_VERSION := 0.34.0
 TOOLS := .tools
@@ -15,9 +15,10 @@ GEN_STAMP := libs/onceflow-wire/src/onceflow/v1/.generated
 
 setup: venv proto kafka-jars spark-cds redis
 
-$(UV):
+$(UV): infra/uv/requirements.txt
 	python3 -m venv $(TOOLS)/uv-venv
-	$(TOOLS)/uv-venv/bin/pip install --quiet uv==$(UV_VERSION)
+	$(TOOLS)/uv-venv/bin/pip install --quiet --require-hashes -r infra/uv/requirements.txt
+	touch $(UV)
 
 venv: $(UV)
 	$(UV) sync --all-packages --locked --quiet

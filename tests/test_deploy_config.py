@@ -199,3 +199,17 @@ def test_every_service_image_runs_as_an_unprivileged_user() -> None:
         users = re.findall(r"^USER (\S+)", targets[service], flags=re.M)
         assert users and users[-1] not in ("root", "0"), (service, users)
         assert targets[service].rstrip().splitlines()[-1].startswith("CMD"), service
+
+
+def test_uv_is_installed_by_its_pinned_hashes_wherever_it_is_installed() -> None:
+    """Issue 39, supply chain: pip installs uv (the one tool not under uv.lock) only by the sha256
+    of a wheel PyPI serves for the pinned version, in make's first step and in the image."""
+    pinned = (ROOT / "infra" / "uv" / "requirements.txt").read_text()
+    assert re.search(r"^uv==\d+\.\d+\.\d+ \\$", pinned, re.M), pinned
+    hashes = re.findall(r"--hash=sha256:([0-9a-f]+)", pinned)
+    assert len(hashes) >= 4 and all(len(h) == 64 for h in hashes) and len(set(hashes)) == len(hashes), hashes
+    install = "--require-hashes -r"
+    makefile, dockerfile = (ROOT / "Makefile").read_text(), (ROOT / "Dockerfile").read_text()
+    assert f"pip install --quiet {install} infra/uv/requirements.txt" in makefile
+    assert f"{install} /tmp/uv-requirements.txt" in dockerfile and "COPY infra/uv/requirements.txt" in dockerfile
+    assert not re.search(r"pip install[^\n]*\buv==", makefile + dockerfile), "uv installed by version alone"
