@@ -331,7 +331,7 @@ def test_a_squatting_producer_cannot_drop_another_producers_records(pipeline: Pi
     producers = tmp_path / "producers.toml"
     producers.write_text("".join(
         f'[[producer]]\nname = "{name}"\ntoken_sha256 = "{token_sha256(token)}"\n' for name, token in tokens.items()
-    ))
+    ) + f'[[producer]]\nname = "payer"\ntoken_sha256 = "{token_sha256("payer-token")}"\nstreams = ["{PAYMENTS}"]\n')
     address = f"127.0.0.1:{free_port()}"
     ingest = pipeline_service("ingest", address, pipeline.common.topic_prefix, "producers", pipeline.log_dir,
                               PRODUCERS_FILE=str(producers), REQUIRE_PRODUCER="true")
@@ -353,6 +353,11 @@ def test_a_squatting_producer_cannot_drop_another_producers_records(pipeline: Pi
             with pytest.raises(RecordsRejected) as smuggled:
                 shop.ingest([IngestRecord(record_id=b"x", payload=b"{}", producer="squatter")])
             assert smuggled.value.rejections[0].field == "producer"
+        # A producer bound to a stream (its entry's streams) writes that one only.
+        with IngestClient(address, token="payer-token") as payer, pytest.raises(grpc.RpcError) as elsewhere:
+            payer.ingest(usersum.ingest_records(genuine[:1]))
+        assert elsewhere.value.code() == grpc.StatusCode.PERMISSION_DENIED, elsewhere.value
+        assert f"producer payer may write stream(s) {PAYMENTS}, not 'default'" in (elsewhere.value.details() or "")
         ingest.terminate()  # gracefully: it leaves the replayer's group at once, so the drain need not wait out its session
     finally:
         ingest.ensure_dead()

@@ -50,6 +50,21 @@ def test_a_file_that_cannot_be_used_is_refused_naming_the_entry(tmp_path: Path, 
     assert says in str(refused.value)
 
 
+def test_a_producer_bound_to_streams_writes_those_only(tmp_path: Path) -> None:
+    """Issue 39: a producer's entry may name the streams it writes; without it, any."""
+    path = write(tmp_path, f'[[producer]]\nname = "shop"\ntoken_sha256 = "{token_sha256("a")}"\nstreams = ["orders", "default"]\n'
+                           f'[[producer]]\nname = "crm"\ntoken_sha256 = "{token_sha256("b")}"\n')
+    producers = Producers.load(path)
+    assert producers.may_write("shop", "orders") and producers.may_write("shop", "") and producers.may_write("shop", "default")
+    assert not producers.may_write("shop", "payments")
+    assert producers.may_write("crm", "payments") and producers.may_write("", "payments")
+    assert producers.streams_of("shop") == "default, orders"
+    with pytest.raises(ProducersFileError, match="stream 'a b'"):
+        Producers.load(write(tmp_path, f'[[producer]]\nname = "x"\ntoken_sha256 = "{token_sha256("c")}"\nstreams = ["a b"]\n'))
+    with pytest.raises(ProducersFileError, match="a list of stream names"):
+        Producers.load(write(tmp_path, f'[[producer]]\nname = "x"\ntoken_sha256 = "{token_sha256("c")}"\nstreams = "orders"\n'))
+
+
 def test_loopback() -> None:
     assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
     assert not is_loopback("0.0.0.0") and not is_loopback("10.0.0.5") and not is_loopback("ingest.internal")

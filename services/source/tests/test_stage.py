@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME
 
+from onceflow import streams
 from onceflow.codec import decode_envelope
 from onceflow.spout import Limits
 from onceflow.trees import InFlightTrees
@@ -91,3 +92,13 @@ def test_trees_count_against_the_cap_once_committed_and_leave_it_when_they_end()
     assert len(trees) == 2 and cap()  # the letter started none
     trees.on_event(TreeEvent(root_id=batch.new_roots[0].record.root_id, outcome=TreeEvent.COMPLETED, attempt=1))
     assert len(trees) == 1 and not cap()
+
+
+def test_a_source_with_a_producer_name_scopes_its_record_ids_by_it() -> None:
+    """ONCEFLOW_SOURCE_PRODUCER (issue 39): the gate keys its records by (stream, producer, id),
+    so an ingest caller sending the same ids first drops none of them."""
+    batch = Batch([FakeMessage(b'{"id": "a"}', 0)], None, "p.source.dlq", "source", "p.acker.acks", 4)  # type: ignore[arg-type]
+    SourceStage(Mapping(Limits(1000, 100), id_field="id", producer="orders-source"), "p.ingest.records", 30_000).process(batch)
+    envelope = decode_envelope(batch.new_roots[0].record.envelope)
+    assert envelope.producer == "orders-source"
+    assert streams.identity(envelope.stream, envelope.record_id, producer=envelope.producer) != streams.identity("", "a")

@@ -5,8 +5,10 @@ Ingest maps a caller's bearer token to a producer name through a producers file 
 ``[[producer]]`` per producer with its ``name`` and the ``token_sha256`` of its token: the file
 holds no secret). The name goes into ``Envelope.producer`` (set by ingest, refused from a
 client), and the gate deduplicates a named producer's records by (stream, producer, record_id).
-A record without a producer (an anonymous caller where they are allowed, the Kafka source, a
-record written before this) keeps the unscoped identity it always had.
+A record without a producer (an anonymous caller where they are allowed, the Kafka source without
+``ONCEFLOW_SOURCE_PRODUCER``, a record written before this) keeps the unscoped identity it always
+had. An entry may name the ``streams`` its producer may write (``["orders", "default"]``); without
+it, every stream.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ import hmac
 import ipaddress
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from onceflow import streams as stream_names
 
 PRODUCER_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
@@ -33,9 +37,11 @@ def token_sha256(token: str) -> str:
 
 @dataclass(frozen=True)
 class Producers:
-    """token sha256 -> producer name."""
+    """token sha256 -> producer name; producer name -> the streams it may write (canonical
+    names, "" the default stream), for those whose entry names them."""
 
     by_digest: dict[str, str]
+    streams: dict[str, frozenset[str]] = field(default_factory=dict)
 
     @classmethod
     def load(cls, path: Path) -> Producers:
@@ -44,6 +50,7 @@ class Producers:
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ProducersFileError(f"{path}: {exc}") from None
         by_digest: dict[str, str] = {}
+        allowed: dict[str, frozenset[str]] = {}
         names: set[str] = set()
         for index, entry in enumerate(entries, 1):
             name, digest = entry.get("name"), entry.get("token_sha256")
@@ -58,9 +65,21 @@ class Producers:
                 raise ProducersFileError(f"{path}: producer {name}: its name or its token is another producer's")
             names.add(name)
             by_digest[digest] = name
+            if "streams" in entry:
+                allowed[name] = _streams(path, name, entry["streams"])
         if not by_digest:
             raise ProducersFileError(f"{path}: no [[producer]] entries")
-        return cls(by_digest)
+        return cls(by_digest, allowed)
+
+    def may_write(self, producer: str, stream: str) -> bool:
+        """Whether ``producer`` may send records of ``stream``: an anonymous caller ("") and a
+        producer whose entry names no streams may write any."""
+        allowed = self.streams.get(producer)
+        return allowed is None or stream_names.canonical(stream) in allowed
+
+    def streams_of(self, producer: str) -> str:
+        """The streams ``producer`` may write, for a refusal."""
+        return ", ".join(sorted(stream_names.display(s) for s in self.streams.get(producer, ()))) or "none"
 
     def name_of(self, token: str) -> str | None:
         """The producer whose token this is, or None; compared in constant time per entry."""
@@ -70,6 +89,15 @@ class Producers:
             if hmac.compare_digest(known, digest):
                 found = name
         return found
+
+
+def _streams(path: Path, name: str, value: object) -> frozenset[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ProducersFileError(f"{path}: producer {name}: streams must be a list of stream names, e.g. [\"orders\", \"default\"]")
+    for stream in value:
+        if stream != stream_names.DEFAULT and not stream_names.STREAM_NAME.fullmatch(stream):
+            raise ProducersFileError(f"{path}: producer {name}: stream {stream!r}: 1 to 100 of A-Z, a-z, 0-9, '_' and '-'")
+    return frozenset(stream_names.canonical(v) for v in value)
 
 
 def is_loopback(host: str) -> bool:

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 import grpc
 
-from onceflow import metrics
+from onceflow import metrics, streams
 from onceflow.admin import CallSlots
 from onceflow.codec import now_ms
 from onceflow.producers import Producers
@@ -89,6 +89,20 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "the bearer token is no producer's (ONCEFLOW_INGEST_PRODUCERS_FILE)")
         return name or ""
 
+    def _check_may_write(self, context: grpc.ServicerContext, producer: str, record: ingest_pb2.IngestRecord, where: str) -> None:
+        """A producer bound to some streams (its entry's ``streams``) writes those only: the
+        whole call is refused, nothing of it written (a stream's messages before stay)."""
+        if not producer or self._producers is None:
+            return
+        stream = record.stream.decode(errors="replace")
+        if not self._producers.may_write(producer, stream):
+            metrics.REJECTED.labels("ingest", "stream").inc()
+            context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{where}.stream: producer {producer} may write stream(s) {self._producers.streams_of(producer)}, not "
+                f"{streams.display(stream)!r} (its entry in ONCEFLOW_INGEST_PRODUCERS_FILE)",
+            )
+
     def _ingest(self, request: ingest_pb2.IngestRequest, context: grpc.ServicerContext) -> ingest_pb2.IngestReply:
         self._check_accepting(context)
         producer = self._producer(context)
@@ -117,6 +131,7 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
             invalid = check_record(index, record, self._limits, now_ms=ingest_time, stream_exists=self._stream_exists(context))
             if invalid is not None:
                 self._reject(context, invalid.kind, str(invalid))
+            self._check_may_write(context, producer, record, f"records[{index}]")
         envelopes = _envelopes(records, ingest_time, producer)
         commit_id = self._commit(envelopes, context, block_s=0.0, waiter=waiter)
         if waiter is not None:
@@ -180,6 +195,7 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
                     stream_exists=self._stream_exists(context),
                 )
                 if invalid is None:
+                    self._check_may_write(context, producer, record, f"stream[{index}]")
                     envelopes.append(new_record(record, ingest_time, producer))
                 else:
                     metrics.REJECTED.labels("ingest", invalid.kind).inc()

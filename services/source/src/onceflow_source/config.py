@@ -45,6 +45,14 @@ class SourceSettings(BaseSettings):
         description="The stream the copied records belong to (docs/decisions/0025); empty: the default stream. It must "
         "exist (`onceflow stream create`): the source refuses to start otherwise.",
     )
+    producer: str = Field(
+        default="",
+        description="A producer name for the copied records (docs/decisions/0027): the gate then scopes their record_ids by "
+        "it, so no ingest caller can drop them by sending their ids first. Empty: unscoped, as before. Changing it on a "
+        "source that has copied records makes a replay of those records new ones: set it on a new source, or once the "
+        "dedup horizon has passed since its last copy.",
+        pattern=r"^([A-Za-z0-9_.:-]{1,100})?$",
+    )
     host: str = host_setting()
     port: int = grpc_port_setting(topology.SOURCE_SERVICE)
     metrics_port: int = metrics_port_setting(topology.SOURCE_SERVICE)

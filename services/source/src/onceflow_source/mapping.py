@@ -60,6 +60,7 @@ class Mapping:
     id_field: str = ""  # "": the record's place, kafka://<cluster id>/<topic>/<topic id>/<partition>/<offset>
     origin: KafkaOrigin = KafkaOrigin("")  # the topic's cluster id and topic id ("": unknown, written "-")
     stream: str = ""  # the stream every copied record belongs to ("": the default)
+    producer: str = ""  # the producer every copied record is from ("": none; docs/decisions/0027)
 
 
 def default_record_id(origin: KafkaOrigin, topic: str, partition: int, offset: int) -> str:

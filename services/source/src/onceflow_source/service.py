@@ -125,7 +125,7 @@ def build(
     admin = source_admin(settings, external)
     origin = origin or read_origin(settings, external, admin)
     stage = SourceStage(
-        Mapping(settings.limits, settings.id_field, origin, settings.stream),
+        Mapping(settings.limits, settings.id_field, origin, settings.stream, settings.producer),
         common.topic(Topic.INGEST_RECORDS),
         settings.tree_timeout_ms if settings.acking else None,
         InFlightTrees(max_attempts=1) if settings.acking else None,

@@ -65,7 +65,7 @@ class SourceStage:
                 batch.dead_letter(message, exc)
                 dead += 1
                 continue
-            new = spout.new_record(record, batch.now_ms)
+            new = spout.new_record(record, batch.now_ms, self._mapping.producer)
             batch.emit_new(self._ingest_topic, new, self._tree_timeout_ms)
             started.append((new.root_id, new.record_id.decode(errors="replace")))
             copied += 1

@@ -3,6 +3,7 @@ file holds each producer's name and the sha256 of its token, never the token."""
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from onceflow import streams
 from onceflow.producers import PRODUCER_NAME, Producers, ProducersFileError, token_sha256
 from onceflow_tools.cli.options import full_width_console
 
@@ -31,10 +33,21 @@ def _file(path: Path | None) -> Path:
 
 
 @app.command()
-def add(name: Annotated[str, typer.Argument(help="The producer's name: 1 to 100 of A-Z, a-z, 0-9, '_', '.', ':', '-'.")], file: File = None) -> None:
+def add(
+    name: Annotated[str, typer.Argument(help="The producer's name: 1 to 100 of A-Z, a-z, 0-9, '_', '.', ':', '-'.")],
+    file: File = None,
+    stream: Annotated[
+        list[str] | None,
+        typer.Option("--stream", help="A stream it may write (repeat for more; 'default' for the default stream). None: every stream."),
+    ] = None,
+) -> None:
     """Add producer NAME with a new random token, printed once (keep it: only its sha256 is stored).
     Ingest reads the file at start: restart it to take the new producer."""
     path = _file(file)
+    for one in stream or ():
+        if one != streams.DEFAULT and not streams.STREAM_NAME.fullmatch(one):
+            console.print(f"[red]refused:[/] stream {one!r}: 1 to 100 of A-Z, a-z, 0-9, '_' and '-'", highlight=False)
+            raise typer.Exit(2)
     if not PRODUCER_NAME.fullmatch(name):
         console.print(f"[red]refused:[/] producer name {name!r}: 1 to 100 of A-Z, a-z, 0-9, '_', '.', ':' and '-'", highlight=False)
         raise typer.Exit(2)
@@ -51,7 +64,8 @@ def add(name: Annotated[str, typer.Argument(help="The producer's name: 1 to 100 
             raise typer.Exit(1)
     token = secrets.token_urlsafe(32)
     with path.open("a") as out:
-        out.write(f'\n[[producer]]\nname = "{name}"\ntoken_sha256 = "{token_sha256(token)}"\n')
+        bound = f"streams = {json.dumps(sorted(set(stream)))}\n" if stream else ""
+        out.write(f'\n[[producer]]\nname = "{name}"\ntoken_sha256 = "{token_sha256(token)}"\n{bound}')
     console.print(f"producer {name} added to {path}; its token (shown once):", highlight=False)
     print(token)
 
