@@ -96,7 +96,7 @@ def test_pages_over_a_dead_and_a_hung_fleet_show_down_and_escape_what_they_echo(
     settings = ConsoleSettings(deadline_s=0.5, poll_interval_s=0.2)
     watch = FleetWatch(endpoints, None, settings.poll_interval_s, settings.deadline_s).start()
     try:
-        client = TestClient(build(Console(watch, settings, CommonSettings())))
+        client = TestClient(build(Console(watch, settings, CommonSettings())), base_url="http://127.0.0.1:8090")
         nodes = client.get("/api/snapshot").json()["nodes"]
         assert {name: node["health"] for name, node in nodes.items()} == {"ingest": DOWN, "sink": DOWN}
         assert "DEADLINE_EXCEEDED" in nodes["sink"]["errors"][0], nodes["sink"]
@@ -116,5 +116,28 @@ def test_pages_over_a_dead_and_a_hung_fleet_show_down_and_escape_what_they_echo(
         refused = client.post("/services/ingest/pause", data={"token": ""})
         assert refused.status_code == 400 and "refused" in refused.text
         assert client.post("/services/ingest/explode").status_code == 404
+    finally:
+        watch.stop()
+
+
+def test_another_host_another_sites_post_and_one_stream_too_many_are_refused() -> None:
+    """Issue 39: a page that rebinds its name to 127.0.0.1 cannot read the console (Host), a page
+    elsewhere cannot post an action through the operator's browser (Origin), and live streams
+    are bounded."""
+    settings = ConsoleSettings(deadline_s=0.5, poll_interval_s=0.2, max_event_streams=1, allowed_hosts=["console.internal"])
+    watch = FleetWatch([Endpoint("ingest", f"127.0.0.1:{free_port()}")], None, settings.poll_interval_s, settings.deadline_s)
+    app = build(Console(watch.start(), settings, CommonSettings()))
+    try:
+        assert TestClient(app, base_url="http://attacker.example").get("/").status_code == 400
+        assert TestClient(app, base_url="http://console.internal:8090").get("/api/snapshot").status_code == 200
+        client = TestClient(app, base_url="http://127.0.0.1:8090")
+        refused = client.post("/services/ingest/pause", data={"token": "t"}, headers={"Origin": "https://attacker.example"})
+        assert refused.status_code == 403 and "another site" in refused.text
+        same_site = client.post("/services/ingest/pause", data={"token": ""}, headers={"Origin": "http://127.0.0.1:8090"})
+        assert same_site.status_code == 400 and "refused" in same_site.text  # the action's own refusal: no token
+        with client.stream("GET", "/events") as first:
+            assert first.status_code == 200
+            second = client.get("/events")
+            assert second.status_code == 503 and second.headers["retry-after"] == "5"
     finally:
         watch.stop()

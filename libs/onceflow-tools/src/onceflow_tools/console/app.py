@@ -14,16 +14,20 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import jinja2
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from onceflow.admin.tls import ClientTLS
 from onceflow.config import CommonSettings
@@ -96,20 +100,33 @@ def build(console: Console) -> Starlette:
     async def snapshot(_request: Request) -> Response:
         return JSONResponse(console.watch.snapshot())
 
+    open_streams = [0]  # live event streams now
+
     async def events(request: Request) -> Response:
         service = request.query_params.get("service", "")
         if service and console.watch.service(service) is None:
             return JSONResponse({"error": f"no service named {service!r}"}, status_code=404)
 
+        if open_streams[0] >= console.settings.max_event_streams:
+            return JSONResponse(
+                {"error": f"{open_streams[0]} live streams are open, the most this console serves "
+                          "(ONCEFLOW_CONSOLE_MAX_EVENT_STREAMS): try again shortly"},
+                status_code=503, headers={"Retry-After": "5"},
+            )
+        open_streams[0] += 1  # one event loop: no lock needed
+
         async def stream() -> AsyncIterator[str]:
-            last = None
-            while not await request.is_disconnected():
-                current = console.watch.snapshot()
-                if current.get("at") != last:
-                    last = current.get("at")
-                    data = console.watch.service(service) if service else current
-                    yield f"data: {json.dumps(data)}\n\n"
-                await asyncio.sleep(STREAM_TICK_S)
+            try:
+                last = None
+                while not await request.is_disconnected():
+                    current = console.watch.snapshot()
+                    if current.get("at") != last:
+                        last = current.get("at")
+                        data = console.watch.service(service) if service else current
+                        yield f"data: {json.dumps(data)}\n\n"
+                    await asyncio.sleep(STREAM_TICK_S)
+            finally:
+                open_streams[0] -= 1
 
         return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-store"})
 
@@ -297,4 +314,27 @@ def build(console: Console) -> Starlette:
         Route("/letters", letters),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
-    return Starlette(routes=routes, exception_handlers={404: not_found})
+    hosts = ["127.0.0.1", "localhost", "[::1]", "::1", console.settings.host, *console.settings.allowed_hosts]
+    return Starlette(
+        routes=routes, exception_handlers={404: not_found},
+        middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=hosts), Middleware(SameOriginPosts, allowed_hosts=hosts)],
+    )
+
+
+class SameOriginPosts:
+    """A POST (an action: pause, drain, forget) whose Origin is another site's is refused (403):
+    a page elsewhere cannot make the operator's browser act here. A request without Origin (a
+    script, curl) is let through: the action still needs the admin token the operator types."""
+
+    def __init__(self, app: ASGIApp, allowed_hosts: list[str]) -> None:
+        self.app = app
+        self.allowed = set(allowed_hosts)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            origin = Headers(scope=scope).get("origin")
+            if origin is not None and (urlsplit(origin).hostname or "") not in self.allowed:
+                response = PlainTextResponse(f"refused: a POST from {origin}, another site", status_code=403)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

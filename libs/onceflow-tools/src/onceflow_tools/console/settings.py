@@ -35,6 +35,17 @@ class ConsoleSettings(BaseSettings):
         description="How long a record lookup may read `acker.events` and the dead-letter topics; past it the "
         "answer says the search was incomplete.",
     )
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Host names the page answers to besides loopback's (127.0.0.1, localhost, [::1]) and the bound "
+        "host: a request for any other Host is refused (400), so a web page that rebinds its own name to this "
+        "address cannot read the console (DNS rebinding). A JSON list, e.g. `[\"console.internal\"]`.",
+    )
+    max_event_streams: int = Field(
+        default=32, ge=1,
+        description="Live pages (server-sent event streams) open at once; past it a new one is refused with 503 and "
+        "Retry-After, so no client can hold the console's event loop with streams.",
+    )
     page_size: int = Field(
         default=50,
         ge=1,
