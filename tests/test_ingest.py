@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -13,7 +14,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from onceflow.admin.tls import ClientTLS
+from onceflow.codec import decode_envelope
 from onceflow_client import IngestClient, RetryPolicy
+from onceflow_tools.infra.certs import CertAuthority
 from onceflow.topology import Topic
 from onceflow.v1 import admin_pb2, admin_pb2_grpc, ingest_pb2, ingest_pb2_grpc
 from onceflow.v1.ingest_pb2 import IngestRecord
@@ -27,7 +31,7 @@ pytestmark = [pytest.mark.foundation, pytest.mark.integration]
 INGEST = "onceflow_ingest"
 
 
-def _ingest(pipe: Pipeline, **env: str) -> tuple[ServiceProcess, str]:
+def _ingest(pipe: Pipeline, health_tls: ClientTLS | None = None, **env: str) -> tuple[ServiceProcess, str]:
     port = free_port()
     # No acker in these tests: acking off, so max_pending counts uncommitted records only.
     env = {"ONCEFLOW_INGEST_ACKING": "false", **env}
@@ -35,7 +39,7 @@ def _ingest(pipe: Pipeline, **env: str) -> tuple[ServiceProcess, str]:
                         ONCEFLOW_INGEST_METRICS_PORT="0", **env)
     address = f"127.0.0.1:{port}"
     proc.start()
-    proc.wait_healthy(address)
+    proc.wait_healthy(address, tls=health_tls)
     return proc, address
 
 
@@ -472,3 +476,28 @@ def test_a_replayer_stuck_outside_its_group_ends_ingest_with_exit_4_from_the_sha
     with pytest.raises(grpc.RpcError):  # its server is down: a supervisor restarts the process
         channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2)
+
+
+@pytest.mark.security
+def test_a_client_certificate_names_its_producer_under_mutual_tls(pipeline: Pipeline, tmp_path: Path) -> None:
+    """Issue 39 (docs/decisions/0027): under mutual TLS a producers file entry may name its
+    producer by the client certificate's common name, so that producer needs no token; a
+    certificate the CA signed for no producer is UNAUTHENTICATED where producers are required."""
+    ca = CertAuthority.create(tmp_path / "pki")
+    server, edge, other = ca.issue("server", "serverAuth"), ca.issue("edge-client", "clientAuth"), ca.issue("other-client", "clientAuth")
+    producers = tmp_path / "producers.toml"
+    producers.write_text('[[producer]]\nname = "edge"\ncertificate_cn = "edge-client"\n')
+    proc, address = _ingest(
+        pipeline, ONCEFLOW_TLS_CERT_FILE=str(server.cert), ONCEFLOW_TLS_KEY_FILE=str(server.key),
+        ONCEFLOW_TLS_CLIENT_CA_FILE=str(ca.cert), ONCEFLOW_INGEST_PRODUCERS_FILE=str(producers),
+        ONCEFLOW_INGEST_REQUIRE_PRODUCER="true", health_tls=ClientTLS(str(ca.cert), str(edge.cert), str(edge.key)),
+    )
+    with IngestClient(address, tls=ClientTLS(str(ca.cert), str(edge.cert), str(edge.key))) as client:
+        assert client.ingest([IngestRecord(record_id=b"mtls-1", payload=b"{}")]).accepted == 1
+    with IngestClient(address, RetryPolicy(max_attempts=1), tls=ClientTLS(str(ca.cert), str(other.cert), str(other.key))) as client:
+        with pytest.raises(grpc.RpcError) as refused:
+            client.ingest([IngestRecord(record_id=b"mtls-2", payload=b"{}")])
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED, refused.value
+    [written] = [decode_envelope(r.value) for r in _committed(pipeline) if checker.record_id_of_bytes(r.value) == "mtls-1"]
+    assert written.producer == "edge"
+    assert proc.alive()

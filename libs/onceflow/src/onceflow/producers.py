@@ -42,6 +42,9 @@ class Producers:
 
     by_digest: dict[str, str]
     streams: dict[str, frozenset[str]] = field(default_factory=dict)
+    # A client certificate's common name -> producer name, for entries with `certificate_cn`:
+    # under mutual TLS the certificate the CA signed names the producer, no token needed.
+    by_certificate: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def load(cls, path: Path) -> Producers:
@@ -50,26 +53,38 @@ class Producers:
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ProducersFileError(f"{path}: {exc}") from None
         by_digest: dict[str, str] = {}
+        by_certificate: dict[str, str] = {}
         allowed: dict[str, frozenset[str]] = {}
         names: set[str] = set()
         for index, entry in enumerate(entries, 1):
-            name, digest = entry.get("name"), entry.get("token_sha256")
+            name, digest, common_name = entry.get("name"), entry.get("token_sha256"), entry.get("certificate_cn")
             if not isinstance(name, str) or not PRODUCER_NAME.fullmatch(name):
                 raise ProducersFileError(f"{path}: producer {index}: name {name!r}: 1 to 100 of A-Z, a-z, 0-9, '_', '.', ':' and '-'")
-            if not isinstance(digest, str) or not SHA256_HEX.fullmatch(digest):
+            if digest is None and common_name is None:
+                raise ProducersFileError(f"{path}: producer {name}: give token_sha256, certificate_cn, or both")
+            if digest is not None and (not isinstance(digest, str) or not SHA256_HEX.fullmatch(digest)):
                 raise ProducersFileError(
                     f"{path}: producer {name}: token_sha256 must be 64 lower-case hex digits (`onceflow producer hash`), "
                     "never the token itself"
                 )
-            if name in names or digest in by_digest:
-                raise ProducersFileError(f"{path}: producer {name}: its name or its token is another producer's")
+            if common_name is not None and (not isinstance(common_name, str) or not common_name.strip()):
+                raise ProducersFileError(f"{path}: producer {name}: certificate_cn must be a client certificate's common name")
+            if name in names or digest in by_digest or common_name in by_certificate:
+                raise ProducersFileError(f"{path}: producer {name}: its name, its token or its certificate is another producer's")
             names.add(name)
-            by_digest[digest] = name
+            if digest is not None:
+                by_digest[digest] = name
+            if common_name is not None:
+                by_certificate[common_name] = name
             if "streams" in entry:
                 allowed[name] = _streams(path, name, entry["streams"])
-        if not by_digest:
+        if not names:
             raise ProducersFileError(f"{path}: no [[producer]] entries")
-        return cls(by_digest, allowed)
+        return cls(by_digest, allowed, by_certificate)
+
+    def name_of_certificate(self, common_names: list[str]) -> str | None:
+        """The producer a verified client certificate names (its common name), or None."""
+        return next((self.by_certificate[cn] for cn in common_names if cn in self.by_certificate), None)
 
     def may_write(self, producer: str, stream: str) -> bool:
         """Whether ``producer`` may send records of ``stream``: an anonymous caller ("") and a

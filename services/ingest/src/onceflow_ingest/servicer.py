@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from typing import cast
 
 import grpc
 
@@ -70,18 +71,28 @@ class IngestServicer(ingest_pb2_grpc.IngestServicer):
         return exists
 
     def _producer(self, context: grpc.ServicerContext) -> str:
-        """The caller's producer name, from its bearer token; "" for an anonymous caller where
+        """The caller's producer name, from its bearer token, else from the client certificate
+        mutual TLS verified (an entry's ``certificate_cn``); "" for an anonymous caller where
         anonymous callers are taken. Refused (UNAUTHENTICATED) otherwise."""
         value = dict(context.invocation_metadata() or ()).get("authorization", "")
         presented = value if isinstance(value, str) else value.decode(errors="replace")
         scheme, _, token = presented.partition(" ")
         token = token.strip() if scheme.lower() == "bearer" else ""  # the scheme in any case, as the admin calls take it
+        if not token and self._producers is not None:
+            # Only a certificate the server's client CA verified is in the auth context.
+            # grpcio gives a list of bytes per property (its stubs say bytes).
+            common_names = cast(list[bytes], (context.auth_context() or {}).get("x509_common_name") or [])
+            names = [cn.decode(errors="replace") for cn in common_names]
+            certified = self._producers.name_of_certificate(names)
+            if certified is not None:
+                return certified
         if not token:
             if self._require_producer:
                 context.abort(
                     grpc.StatusCode.UNAUTHENTICATED,
-                    "ingest takes records from known producers only: send `authorization: Bearer <your producer token>` "
-                    "(ONCEFLOW_INGEST_PRODUCERS_FILE lists them; docs/decisions/0027)",
+                    "ingest takes records from known producers only: send `authorization: Bearer <your producer token>`, or "
+                    "a client certificate a producer's certificate_cn names (ONCEFLOW_INGEST_PRODUCERS_FILE lists them; "
+                    "docs/decisions/0027)",
                 )
             return ""
         name = None if self._producers is None else self._producers.name_of(token)

@@ -40,9 +40,14 @@ def add(
         list[str] | None,
         typer.Option("--stream", help="A stream it may write (repeat for more; 'default' for the default stream). None: every stream."),
     ] = None,
+    certificate_cn: Annotated[
+        str,
+        typer.Option("--certificate-cn", help="Name it by the common name of its client certificate (mutual TLS) instead of a token."),
+    ] = "",
 ) -> None:
-    """Add producer NAME with a new random token, printed once (keep it: only its sha256 is stored).
-    Ingest reads the file at start: restart it to take the new producer."""
+    """Add producer NAME with a new random token, printed once (keep it: only its sha256 is stored),
+    or named by its client certificate (--certificate-cn). Ingest reads the file at start: restart
+    it to take the new producer."""
     path = _file(file)
     for one in stream or ():
         if one != streams.DEFAULT and not streams.STREAM_NAME.fullmatch(one):
@@ -59,12 +64,17 @@ def add(
                 console.print(f"[red]error:[/] {exc}", highlight=False)
                 raise typer.Exit(2) from None
             known = Producers({})
-        if name in known.by_digest.values():
-            console.print(f"[red]refused:[/] {path} has a producer {name} already", highlight=False)
+        if name in {*known.by_digest.values(), *known.by_certificate.values()} or certificate_cn in known.by_certificate:
+            console.print(f"[red]refused:[/] {path} has a producer {name}, or one with that certificate, already", highlight=False)
             raise typer.Exit(1)
+    bound = f"streams = {json.dumps(sorted(set(stream)))}\n" if stream else ""
+    if certificate_cn:
+        with path.open("a") as out:
+            out.write(f'\n[[producer]]\nname = "{name}"\ncertificate_cn = {json.dumps(certificate_cn)}\n{bound}')
+        console.print(f"producer {name} added to {path}: named by a client certificate with CN {certificate_cn!r}", highlight=False)
+        return
     token = secrets.token_urlsafe(32)
     with path.open("a") as out:
-        bound = f"streams = {json.dumps(sorted(set(stream)))}\n" if stream else ""
         out.write(f'\n[[producer]]\nname = "{name}"\ntoken_sha256 = "{token_sha256(token)}"\n{bound}')
     console.print(f"producer {name} added to {path}; its token (shown once):", highlight=False)
     print(token)
