@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,14 +27,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from onceflow.config import CommonSettings
 from onceflow.spout import Limits
 from onceflow.v1 import acker_pb2, admin_pb2, compute_pb2, dedup_pb2, ingest_pb2, jobs_pb2, sink_pb2
 from onceflow_source.mapping import Mapping, SourceRecord, Unmappable, map_record
-from onceflow_tools.infra.topics import delete_topics, ensure_topics
 from onceflow_tools.verify.supervisor import Supervisor
-from tests.conftest import COMPUTE_NOT_UNDER_TEST, TEST_SESSION_TIMEOUT_MS
+from tests.conftest import COMPUTE_NOT_UNDER_TEST
 from tests.harness.proto_strategies import messages
+from tests.harness.supervised import supervised
 
 pytestmark = [pytest.mark.fuzz, pytest.mark.integration, pytest.mark.xdist_group("fuzz")]
 
@@ -88,20 +86,9 @@ def rss_mb(pid: int) -> float:
 
 @pytest.fixture(scope="module")
 def pipeline(infra: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervisor]:
-    prefix = f"t{uuid.uuid4().hex[:10]}."
-    common = CommonSettings(topic_prefix=prefix)
-    ensure_topics(common.kafka_bootstrap, prefix=prefix)
-    supervisor = Supervisor(prefix, tmp_path_factory.mktemp("fuzz"), env={
-        "ONCEFLOW_KAFKA_BOOTSTRAP": common.kafka_bootstrap, "ONCEFLOW_LOOP_SESSION_TIMEOUT_MS": str(TEST_SESSION_TIMEOUT_MS),
-        # A processed wait is bounded by the tree timeout; short, so one never outlasts a call.
-        "ONCEFLOW_INGEST_TREE_TIMEOUT_MS": "10000", **COMPUTE_NOT_UNDER_TEST,
-    })
-    try:
-        supervisor.start_all()
-        yield supervisor
-    finally:
-        supervisor.stop_all()
-        delete_topics(common.kafka_bootstrap, prefix=prefix)
+    # A processed wait is bounded by the tree timeout; short, so one never outlasts a call.
+    env = {"ONCEFLOW_INGEST_TREE_TIMEOUT_MS": "10000", **COMPUTE_NOT_UNDER_TEST}
+    yield from supervised(tmp_path_factory.mktemp("fuzz"), {}, env)
 
 
 def _call(channel: grpc.Channel, method: MethodDescriptor) -> Callable[..., object]:
