@@ -11,8 +11,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import NewTopic
 
 from onceflow.config import CommonSettings
+from onceflow.kafka import clients
+from onceflow.kafka.inspect import hanging_transactions, read_committed
 from onceflow.topology import Topic
 from onceflow_tools.infra.kafka import KafkaBroker
 from onceflow_tools.infra.topics import TopicReplicationError, delete_topics, ensure_topics, load_specs
@@ -82,3 +85,35 @@ def test_a_cluster_node_in_a_fresh_home_installs_the_shared_jars(tmp_path: Path)
     )
     assert node.install() and node.is_installed()
     assert any((tmp_path / "kafka" / "libs").glob("kafka-clients-*.jar")), sorted((tmp_path / "kafka").rglob("*"))[:10]
+
+
+def test_abort_hanging_names_an_open_transaction_and_aborts_it_only_when_told(infra: None) -> None:
+    """`onceflow infra abort-hanging` (issue 39, KIP-664) through Kafka's own TransactionsCommand:
+    a producer that began a transaction and went quiet holds the partition's last stable offset
+    back. Found and named; left alone without --abort --force (its coordinator knows it: not
+    hanging); aborted with them, after which read_committed readers go on and see none of it."""
+    common = CommonSettings(topic_prefix=f"t{uuid.uuid4().hex[:10]}.")
+    topic = common.topic("held")
+    admin = clients.admin(common)
+    admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic].result(30)
+    # The broker's cap (60 s): the coordinator would abort it then; both commands fit well inside.
+    producer = clients.transactional_producer(common, f"{common.topic_prefix}quiet", **{"transaction.timeout.ms": 60_000})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for n in range(3):
+        producer.produce(topic, f"r{n}".encode(), b"k")
+    assert producer.flush(30) == 0
+    env = {**os.environ, "ONCEFLOW_TOPIC_PREFIX": common.topic_prefix}
+    try:
+        found = _onceflow(env, "abort-hanging", "--topic", topic, "--older-than", "2", "--abort")
+        assert found.returncode == 1, found.stdout + found.stderr  # not hanging: --abort leaves it
+        assert f"{topic}[0]: producer" in found.stdout and "from offset 0: open: its coordinator knows it" in found.stdout, found.stdout
+        assert "aborted" not in found.stdout and hanging_transactions(common, [topic]) == {topic: [0]}
+        done = _onceflow(env, "abort-hanging", "--topic", topic, "--older-than", "2", "--abort", "--force")
+        assert done.returncode == 0 and "aborted" in done.stdout, done.stdout + done.stderr
+        assert hanging_transactions(common, [topic], wait_s=10) == {}
+        assert read_committed(common, topic, timeout_s=10) == []
+        again = _onceflow(env, "abort-hanging", "--topic", topic, "--older-than", "1")
+        assert again.returncode == 0 and "no partition" in again.stdout, again.stdout
+    finally:
+        delete_topics(common.kafka_bootstrap, prefix=common.topic_prefix)

@@ -349,7 +349,9 @@ def test_the_tutorial_runs_as_written_and_streaming_equals_batch_equals_the_fold
         # Step 8 (issue 45): a job on a stream of its own, a dead letter listed, fixed and re-driven
         # once; the refunds table is the fold of the corrected refunds.
         assert "reads stream refunds (" in everything, everything
-        assert 'field `cents`: expected int64, got a string "a lot"' in everything, everything
+        # The letter's row is a table that folds its cells to the terminal's width: the count
+        # per reason is the line that stays whole (the reason's words: test_map_stage).
+        assert "1 dead letter(s) in" in everything and "compute: Rejected" in everything, everything
         assert "1 record(s) to refunds" in everything, everything
         scanned = next(json.loads(line) for line in everything.splitlines() if line.startswith('[{"key"'))
         assert {row["key"]: row["value"] for row in scanned} == {

@@ -12,8 +12,9 @@ from rich.console import Console
 from rich.table import Table
 
 from onceflow.config import CommonSettings
+from onceflow.kafka import clients
 from onceflow_tools.infra import secure as secure_stack
-from onceflow_tools.infra import spark, stack
+from onceflow_tools.infra import spark, stack, transactions
 from onceflow_tools.infra.kafka import KafkaBroker
 from onceflow_tools.infra.kafka import cluster as kafka_cluster
 from onceflow_tools.infra.paths import display_path
@@ -241,3 +242,59 @@ def topics(
     out.print(table)
     per_job = ", ".join(prefix + s.name for s in declared if s.per_job)
     out.print(f"per job, made by each compute worker for its job at start: {per_job}", highlight=False, soft_wrap=True)
+
+
+@app.command("abort-hanging")
+def abort_hanging(
+    topic: Annotated[
+        list[str] | None, typer.Option("--topic", help="A topic to look at, full name (repeat). Default: every topic under ONCEFLOW_TOPIC_PREFIX.")
+    ] = None,
+    older_than: Annotated[float, typer.Option(help="Seconds a partition's last stable offset must stay below its end.")] = 30.0,
+    abort: Annotated[
+        bool, typer.Option("--abort", help="Abort the hanging ones (KIP-664). Their records are then never read: see the warning it prints.")
+    ] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="With --abort: the open ones whose coordinator still knows them too (their producer's hop retries).")
+    ] = False,
+) -> None:
+    """Find the transactions that hold a partition's last stable offset back (read_committed
+    readers, restores among them, stall there), with Kafka's own TransactionsCommand, and with
+    --abort end the hanging ones (no coordinator will). Exit 0 once no partition is held back."""
+    common, broker = CommonSettings(), KafkaBroker.from_env()
+    left = 0
+    try:
+        names = topic or sorted(
+            t for t in clients.admin(common).list_topics(timeout=10).topics
+            if t.startswith(common.topic_prefix) and not t.startswith("__")
+        )
+        with out.status(f"watching {len(names)} topic(s) for {older_than:.0f} s ..."):
+            held = transactions.stalled(common, names, older_than)
+        if not held:
+            out.print(f"no partition of {len(names)} topic(s) holds its last stable offset back", highlight=False, soft_wrap=True)
+            return
+        for name, partitions in sorted(held.items()):
+            for partition in partitions:
+                hanging = transactions.find_hanging(broker, common, name, partition)
+                for open_txn in transactions.describe_open(broker, common, name, partition, hanging):
+                    what = "hanging: no coordinator will end it" if open_txn.hanging else "open: its coordinator knows it"
+                    out.print(
+                        f"{name}[{partition}]: producer {open_txn.producer_id} epoch {open_txn.producer_epoch}, from offset "
+                        f"{open_txn.start_offset}: {what}", highlight=False, soft_wrap=True,
+                    )
+                    if not abort or not (open_txn.hanging or force):
+                        left += 1
+                        continue
+                    transactions.abort(broker, common, open_txn)
+                    out.print("  aborted: readers go on past it; its records are never read", highlight=False, soft_wrap=True)
+    except (InfraError, KafkaException) as exc:
+        err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+    if left:
+        out.print(
+            f"{left} transaction(s) left. An abort is safe when the transaction's lost outcome was an abort; if it "
+            "committed on its other partitions (a lost COMMIT marker: docs/architecture.md, 'Hanging transactions'), "
+            "aborting loses its records here: check the pipeline with `onceflow verify`'s checker afterwards. "
+            "--abort ends the hanging ones; --abort --force also those a live producer holds.",
+            highlight=False, soft_wrap=True,
+        )
+        raise typer.Exit(1)

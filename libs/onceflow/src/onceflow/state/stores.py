@@ -185,7 +185,9 @@ class PartitionStores(Generic[StoreT]):
                         f"read nothing for {self._restore_timeout_s}s"
                         + (
                             f"; the last stable offset stays below the high watermark {stuck}: a transaction "
-                            "that never ends (docs/architecture.md, 'Hanging transactions')" if stuck else ""
+                            "that never ends; `onceflow infra abort-hanging --topic "
+                            f"{self.changelog_topic}` finds and aborts it (docs/architecture.md, 'Hanging transactions')"
+                            if stuck else ""
                         )
                     )
                 # One apply per partition per fetched chunk: a store that writes through (Redis)
