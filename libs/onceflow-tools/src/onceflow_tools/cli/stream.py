@@ -102,10 +102,11 @@ def readers_(
     if as_json:
         print(json.dumps([{"stream": streams.display(r.stream), "job": r.job, "instance": r.instance, "since_ms": r.since_ms} for r in entries]))
         return
+    if not entries:
+        console.print("no job reads any stream (a compute worker says so when it starts)", highlight=False)
+        return
     table = Table("stream", "job", "instance", "since")
     for entry in entries:
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(entry.since_ms / 1000)) if entry.since_ms else "-"
         table.add_row(streams.display(entry.stream), entry.job, entry.instance, since)
     console.print(table)
-    if not entries:
-        console.print("no job reads any stream (a compute worker says so when it starts)", highlight=False)
