@@ -15,12 +15,14 @@ from pathlib import Path
 
 import pytest
 import redis
-from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from onceflow.config import CommonSettings, repo_root
 from onceflow.kafka import clients
+from onceflow.kafka.inspect import hanging_transactions
 from onceflow.topology import Topic
+from onceflow_tools.infra import secure
 from onceflow_tools.process import free_port
 
 pytestmark = [pytest.mark.security, pytest.mark.integration, pytest.mark.xdist_group("secure_stack")]
@@ -121,6 +123,105 @@ def test_redis_refuses_clients_without_tls_or_the_password(secure_stack: SecureS
         redis.Redis(port=port, ssl=True, ssl_ca_certs=ca, socket_timeout=5).ping()  # TLS, the default user (off)
     with pytest.raises((redis.AuthenticationError, redis.ResponseError)):
         redis.Redis(port=port, ssl=True, ssl_ca_certs=ca, username="onceflow", password="nope", socket_timeout=5).ping()
+
+
+def _service_settings(stack: SecureStack, service: str) -> CommonSettings:
+    """What ``service`` runs with on the secure stack: the printed settings, then its own credentials."""
+    env = {**stack.client, **secure.service_env(service, stack.client["ONCEFLOW_REDIS_URL"], Path(stack.env["ONCEFLOW_HOME"]))}
+    fields = {name.removeprefix("ONCEFLOW_").lower(): value for name, value in env.items()}
+    return CommonSettings(**fields)
+
+
+def _visible_topics(common: CommonSettings) -> set[str]:
+    # Metadata lists only the topics a principal may describe.
+    return set(clients.admin(common).list_topics(timeout=10).topics)
+
+
+def _produce(common: CommonSettings, topic: str) -> KafkaError | None:
+    """One plain produce as ``common``'s principal: None if written, else the broker's error."""
+    outcome: list[KafkaError | None] = []
+    producer = Producer(
+        {"bootstrap.servers": common.kafka_bootstrap, **common.kafka_client_config(), "message.timeout.ms": 10_000,
+         "log_level": 0, "error_cb": lambda _e: None}
+    )
+    producer.produce(topic, b"squat", on_delivery=lambda err, _msg: outcome.append(err))
+    producer.flush(15)
+    assert outcome, f"no delivery report for {topic}"
+    return outcome[0]
+
+
+def _init_transactions(common: CommonSettings, transactional_id: str) -> KafkaError | None:
+    producer = Producer(
+        {"bootstrap.servers": common.kafka_bootstrap, **common.kafka_client_config(), "transactional.id": transactional_id,
+         "log_level": 0, "error_cb": lambda _e: None}
+    )
+    try:
+        producer.init_transactions(15)
+        return None
+    except KafkaException as exc:
+        return exc.args[0]
+
+
+def connect_redis(common: CommonSettings) -> redis.Redis:
+    password = Path(common.redis_password_file).read_text().strip()
+    return redis.Redis.from_url(common.redis_url, password=password, ssl_ca_certs=common.redis_ssl_ca_file, socket_timeout=5)
+
+
+def test_each_service_reaches_only_its_own_topics_transactions_and_keys(secure_stack: SecureStack) -> None:
+    """Least privilege (ADR 0029): each service runs as a principal of its own. It sees and
+    writes its hops' topics and no other's, cannot take another service's transactional ids
+    (so it cannot fence it), and in Redis reaches only its own keys."""
+    ingest, dedup, sink = (_service_settings(secure_stack, name) for name in ("ingest", "dedup", "sink"))
+    # What each may see: the topics its hops read and write, and no other (metadata is filtered).
+    assert _visible_topics(ingest) == {"ingest.records", "ingest.dlq", "acker.acks", "acker.events", "dedup.records"}
+    seen_by_dedup = _visible_topics(dedup)
+    assert {"ingest.records", "dedup.records", "dedup.changelog", "stream.readers"} <= seen_by_dedup
+    assert not seen_by_dedup & {"compute.results", "acker.changelog", "jobs.registry", "ingest.dlq"}, seen_by_dedup
+    # Writes: its own topic (the control), another's refused.
+    assert _produce(ingest, "ingest.records") is None
+    refused = _produce(ingest, "dedup.records")
+    assert refused is not None and refused.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, refused
+    refused = _produce(dedup, "compute.results")
+    assert refused is not None and refused.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, refused
+    # Transactions: its own id (the control); another service's id is refused, so a compromised
+    # ingest cannot fence the gate.
+    assert _init_transactions(ingest, "onceflow-ingest-squat") is None
+    fenced = _init_transactions(ingest, "onceflow-dedup-0")
+    assert fenced is not None and fenced.code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, fenced
+    # Redis: the sink writes its keys (the control), not the gate's, and runs no admin command;
+    # ingest, which needs no Redis, has no user there.
+    ca = secure_stack.client["ONCEFLOW_REDIS_SSL_CA_FILE"]
+    as_sink = connect_redis(sink)
+    as_sink.hset("onceflow:{sink}:partition:0", "probe", "1")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        as_sink.hset("onceflow:{dedup:0}:meta", "token", "99999999999999")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        as_sink.flushall()
+    connect_redis(dedup).hset("onceflow:{t1.dedup:0}:meta", "probe", "1")  # a prefixed namespace's keys too
+    with pytest.raises((redis.AuthenticationError, redis.ResponseError)):
+        redis.Redis(port=secure_stack.redis_port, ssl=True, ssl_ca_certs=ca, socket_timeout=5).ping()
+    assert ingest.redis_password_file == "" and "@" not in ingest.redis_url
+
+
+def test_abort_hanging_speaks_the_secure_listener(secure_stack: SecureStack) -> None:
+    """`onceflow infra abort-hanging` runs Kafka's TransactionsCommand with the admin's SCRAM
+    credentials and the CA (a --command-config it writes and deletes): an open transaction on the
+    secure broker is found and, with --abort --force, ended."""
+    admin = CommonSettings(**{name.removeprefix("ONCEFLOW_").lower(): value for name, value in secure_stack.client.items()})
+    topic = "held"
+    kafka_admin = clients.admin(admin)  # held: a freed AdminClient never completes its futures
+    kafka_admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic].result(30)
+    producer = clients.transactional_producer(admin, "onceflow-quiet", **{"transaction.timeout.ms": 60_000})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(topic, b"r", b"k")
+    assert producer.flush(30) == 0
+    done = _onceflow(
+        {**secure_stack.env, **secure_stack.client}, "infra", "abort-hanging", "--topic", topic, "--older-than", "2",
+        "--abort", "--force", timeout=180,
+    )
+    assert done.returncode == 0 and f"{topic}[0]: producer" in done.stdout and "aborted" in done.stdout, done.stdout + done.stderr
+    assert hanging_transactions(admin, [topic], wait_s=10) == {}
 
 
 @pytest.mark.extended  # about 2.5 min; make test-extended, pytest -m security

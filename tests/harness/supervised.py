@@ -9,7 +9,7 @@ from pathlib import Path
 
 from onceflow.config import CommonSettings
 from onceflow.faults import ALLOW_ENV
-from onceflow_tools.infra.topics import delete_topics, ensure_topics
+from onceflow_tools.infra.topics import delete_topics, provision
 from onceflow_tools.verify.supervisor import Supervisor
 from tests.conftest import TEST_SESSION_TIMEOUT_MS
 
@@ -19,7 +19,7 @@ def supervised(tmp_path: Path, settings: dict[str, dict[str, str]], env: dict[st
     for every process."""
     prefix = f"t{uuid.uuid4().hex[:10]}."
     common = CommonSettings(topic_prefix=prefix)
-    ensure_topics(common.kafka_bootstrap, prefix=prefix)
+    provision(common.kafka_bootstrap, prefix=prefix)
     supervisor = Supervisor(
         prefix, tmp_path, settings=settings,
         env={

@@ -20,7 +20,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from onceflow.admin.tls import ClientTLS, channel
-from onceflow.config import repo_root
+from onceflow.config import CommonSettings, repo_root
 
 if TYPE_CHECKING:
     from onceflow_tools.infra.kafka import KafkaBroker
@@ -204,6 +204,10 @@ def pipeline_service(
         f"{upper}METRICS_PORT": "0",
         **{f"{upper}{key}": value for key, value in settings.items()},
     }
+    from onceflow_tools.infra import secure
+
+    if secure.enabled():  # the service's own credentials, not the admin's (ADR 0029)
+        env |= secure.service_env(name, CommonSettings().redis_url)
     return ServiceProcess(log_name or name, f"onceflow_{name}", env, log_dir, cwd=repo_root())
 
 

@@ -28,7 +28,7 @@ from onceflow.v1 import admin_pb2, admin_pb2_grpc
 from onceflow_tools.bench import workload
 from onceflow_tools.bench.trees import TreeLog
 from onceflow_tools.bench.visibility import VisibilityProbes, probe_user
-from onceflow_tools.infra.topics import delete_topics, ensure_topics
+from onceflow_tools.infra.topics import delete_topics, provision
 from onceflow_tools.verify.supervisor import Supervisor
 from onceflow_tools.workloads.senders import Senders
 
@@ -96,7 +96,7 @@ class PipelineRun:
         self.visible_latencies: list[float] = []  # the last send's probes, ms
 
     def __enter__(self) -> PipelineRun:
-        ensure_topics(self.common.kafka_bootstrap, prefix=self.prefix)
+        provision(self.common.kafka_bootstrap, prefix=self.prefix)
         self.note(f"{self.guarantee}: starting the five services")
         try:
             self.supervisor.start_all()

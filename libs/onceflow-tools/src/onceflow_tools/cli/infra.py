@@ -14,7 +14,7 @@ from rich.table import Table
 from onceflow.config import CommonSettings
 from onceflow.kafka import clients
 from onceflow_tools.infra import secure as secure_stack
-from onceflow_tools.infra import spark, stack, transactions
+from onceflow_tools.infra import access, spark, stack, transactions
 from onceflow_tools.infra.kafka import KafkaBroker
 from onceflow_tools.infra.kafka import cluster as kafka_cluster
 from onceflow_tools.infra.paths import display_path
@@ -242,6 +242,40 @@ def topics(
     out.print(table)
     per_job = ", ".join(prefix + s.name for s in declared if s.per_job)
     out.print(f"per job, made by each compute worker for its job at start: {per_job}", highlight=False, soft_wrap=True)
+
+
+@app.command()
+def acls(
+    service: Annotated[list[str] | None, typer.Option("--service", help="Only this service's (repeat). Default: every service.")] = None,
+    apply: Annotated[
+        bool, typer.Option("--apply", help="Create them on the broker (as the admin user), with each service's SCRAM user: what `infra up --secure` does.")
+    ] = False,
+) -> None:
+    """What each service's Kafka principal may do on ONCEFLOW_TOPIC_PREFIX's topics (least
+    privilege, ADR 0029): every pattern is a name prefix. A deployment with an authorizer gives
+    its services these ACLs; --apply creates them here."""
+    common = CommonSettings()
+    chosen = service or list(access.SERVICES)
+    unknown = sorted(set(chosen) - set(access.SERVICES))
+    if unknown:
+        raise typer.BadParameter(f"no service {', '.join(unknown)} (known: {', '.join(access.SERVICES)})", param_hint="--service")
+    table = Table("principal", "resource", "name prefix", "operations", "why")
+    for name in chosen:
+        for grant in access.grants(name, common.topic_prefix):
+            table.add_row(
+                f"User:{access.principal(name)}", grant.resource.name.lower(), grant.name,
+                ", ".join(op.name.lower() for op in grant.operations), grant.why,
+            )
+    out.print(table)
+    out.print(f"Redis: {'; '.join(f'{access.principal(n)} ~{p} {access.REDIS_COMMANDS}' for n, p in access.REDIS_KEYS.items())}; "
+              "the other services have no Redis user.", highlight=False, soft_wrap=True)
+    if apply:
+        try:
+            count = access.grant(common.kafka_bootstrap, common.topic_prefix)
+        except KafkaException as exc:
+            err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            raise typer.Exit(1) from None
+        out.print(f"{count} ACL binding(s) in place on {common.kafka_bootstrap}", highlight=False)
 
 
 @app.command("abort-hanging")

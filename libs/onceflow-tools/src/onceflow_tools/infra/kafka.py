@@ -236,6 +236,7 @@ class KafkaBroker:
                 "listener": "SASL_SSL" if self.secure else "PLAINTEXT", "security": self._security_props(),
                 "mtls_listener": f",SSL://127.0.0.1:{self.mtls_port}" if self.secure else "",
                 "mtls_protocol": ",SSL:SSL" if self.secure else "",
+                "controller_protocol": "SSL" if self.secure else "PLAINTEXT",
             },
         )
 
@@ -260,6 +261,14 @@ class KafkaBroker:
             f"ssl.truststore.location={m.ca}",
             "# The mutual-TLS listener: a client certificate the CA signed, or no connection.",
             "listener.name.ssl.ssl.client.auth=required",
+            "# The controller listener: TLS with the broker's own certificate, so it has a principal too.",
+            "listener.name.controller.ssl.client.auth=required",
+            "# Least privilege (ADR 0029): nothing is allowed that no ACL allows. The admin user, the",
+            "# broker's certificate (its connections to the controller) and the operator's client",
+            "# certificate are super users; each service is a principal of its own (infra/access.py).",
+            "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "allow.everyone.if.no.acl.found=false",
+            f"super.users=User:{secure.USER};User:CN=server;User:CN=client",
         ])
 
     @property

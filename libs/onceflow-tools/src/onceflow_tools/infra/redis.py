@@ -202,7 +202,7 @@ class RedisServer:
     def _security_values(self) -> dict[str, object]:
         """TLS on the one port (no plaintext listener) and the default user off: a client
         without the certificate's CA and the ACL user's password is refused."""
-        from onceflow_tools.infra import secure
+        from onceflow_tools.infra import access, secure
 
         m = secure.material()
         return {
@@ -213,6 +213,8 @@ class RedisServer:
                 "tls-auth-clients no",
                 "user default off",
                 f"user {secure.USER} on >{m.redis_password} ~* &* +@all",
+                "# Each service that uses Redis: its own keys only (ADR 0029).",
+                *access.redis_acl_lines(m.service_passwords("redis", access.REDIS_KEYS)),
             ]),
         }
 

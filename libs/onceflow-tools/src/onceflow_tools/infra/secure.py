@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import os
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from onceflow_tools.infra import plumbing
+from onceflow_tools.infra import access, plumbing
 from onceflow_tools.infra.certs import CertAuthority
 from onceflow_tools.infra.paths import runtime_dir
 from onceflow_tools.infra.settings import InfraSettings
@@ -73,6 +74,13 @@ class Material:
     def redis_password(self) -> str:
         return self.redis_password_file.read_text().strip()
 
+    def service_password_file(self, system: str, service: str) -> Path:
+        """A service's own password for ``system`` (kafka or redis): least privilege, ADR 0029."""
+        return self.dir / f"{system}-password-{service}"
+
+    def service_passwords(self, system: str, services: Iterable[str]) -> dict[str, str]:
+        return {service: self.service_password_file(system, service).read_text().strip() for service in services}
+
     def ensure(self) -> Material:
         """Create what is missing (idempotent; several processes may ask at once)."""
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -86,7 +94,8 @@ class Material:
                 ca = CertAuthority(self.dir, self.ca, self.dir / "ca.key")
                 client = ca.issue("client", "clientAuth", days=CERT_DAYS)
                 assert client.cert == self.client_cert and client.key == self.client_key
-            for path in (self.kafka_password_file, self.redis_password_file):
+            own = [self.service_password_file(system, service) for system in ("kafka", "redis") for service in access.SERVICES]
+            for path in (self.kafka_password_file, self.redis_password_file, *own):
                 if not path.exists():
                     path.write_text(secrets.token_hex(16) + "\n")  # hex: safe in JAAS and ACL syntax
             for path in self.dir.iterdir():
@@ -117,6 +126,28 @@ def client_env(kafka_bootstrap: str, redis_port: int, home: Path | None = None) 
         "ONCEFLOW_REDIS_PASSWORD_FILE": str(m.redis_password_file),
         "ONCEFLOW_REDIS_SSL_CA_FILE": str(m.ca),
     }
+
+
+def service_env(service: str, redis_url: str, home: Path | None = None) -> dict[str, str]:
+    """What ``service`` runs with on the secure stack instead of the admin's credentials: its own
+    Kafka principal, and its own Redis user if it uses Redis (else none: the default user is off,
+    so Redis refuses it). Laid over `client_env`'s settings (ADR 0029)."""
+    m = material(home)
+    env = {
+        "ONCEFLOW_KAFKA_SASL_USERNAME": access.principal(service),
+        "ONCEFLOW_KAFKA_SASL_PASSWORD_FILE": str(m.service_password_file("kafka", service)),
+        "ONCEFLOW_KAFKA_SASL_PASSWORD": "",
+        "ONCEFLOW_REDIS_PASSWORD": "",
+    }
+    rest = redis_url.split("://", 1)[-1].split("@", 1)[-1]  # host:port/db
+    if service in access.REDIS_KEYS:
+        env |= {
+            "ONCEFLOW_REDIS_URL": f"rediss://{access.principal(service)}@{rest}",
+            "ONCEFLOW_REDIS_PASSWORD_FILE": str(m.service_password_file("redis", service)),
+        }
+    else:
+        env |= {"ONCEFLOW_REDIS_URL": f"rediss://{rest}", "ONCEFLOW_REDIS_PASSWORD_FILE": ""}
+    return env
 
 
 def mtls_client_env(home: Path | None = None) -> dict[str, str]:

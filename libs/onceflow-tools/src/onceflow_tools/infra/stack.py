@@ -14,7 +14,7 @@ from onceflow_tools.infra.paths import display_path
 from onceflow_tools.infra.redis import RedisServer
 from onceflow_tools.infra.redis import topology as redis_topology
 from onceflow_tools.infra.settings import InfraSettings, port_of
-from onceflow_tools.infra.topics import ensure_topics
+from onceflow_tools.infra.topics import provision
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ def up(timeout: float | None = None, create_topics: bool = True) -> list[Compone
     brokers[0].warm_up(timeout, bootstrap)
     if create_topics:
         common = CommonSettings()
-        ensure_topics(bootstrap, common.topic_prefix, history_retention_ms=common.history_retention_ms)
+        provision(bootstrap, common.topic_prefix, history_retention_ms=common.history_retention_ms)
     settings = InfraSettings()
     spark_timeout = max(timeout, settings.spark_start_timeout_s)
     if settings.spark_cluster == "standalone":

@@ -21,8 +21,19 @@ from onceflow.kafka.topics import (
 
 __all__ = [
     "CHANGELOG_CONFIG", "TopicReplicationError", "TopicSpec", "count_brokers", "delete_topics", "ensure_topics",
-    "job_specs", "load_specs", "shared_specs", "topics_file",
+    "job_specs", "load_specs", "provision", "shared_specs", "topics_file",
 ]
+
+
+def provision(bootstrap: str, prefix: str = "", history_retention_ms: int | None = None) -> list[str]:
+    """A namespace's topics, and on the secure stack each service's ACLs on them (ADR 0029):
+    what `infra up`, `onceflow verify`, the benches and the tests' pipelines start from."""
+    created = ensure_topics(bootstrap, prefix, history_retention_ms=history_retention_ms)
+    from onceflow_tools.infra import access, secure
+
+    if secure.enabled():
+        access.grant(bootstrap, prefix)
+    return created
 
 
 def count_brokers(bootstrap: str, timeout: float = 10.0) -> int:

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import re
 import subprocess
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
-from onceflow.config import CommonSettings
+from onceflow.config import CommonSettings, secret
 from onceflow.kafka.inspect import hanging_transactions
 from onceflow_tools.infra.kafka import KafkaBroker, java_executable
 from onceflow_tools.infra.plumbing import InfraError
@@ -42,14 +44,40 @@ class OpenTransaction:
     hanging: bool  # find-hanging lists it: the coordinator does not know it, nothing will end it
 
 
+def java_client_properties(common: CommonSettings) -> dict[str, str]:
+    """The Java client's form of onceflow's Kafka security settings (what librdkafka gets from
+    `CommonSettings.kafka_client_config`): SASL_SSL with SCRAM, or mutual TLS, with PEM files."""
+    protocol = common.kafka_security_protocol
+    props = {"security.protocol": protocol}
+    if protocol == "SASL_SSL":
+        password = secret(common.kafka_sasl_password, common.kafka_sasl_password_file, "ONCEFLOW_KAFKA_SASL_PASSWORD")
+        props |= {
+            "sasl.mechanism": common.kafka_sasl_mechanism,
+            "sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule required "
+            f'username="{common.kafka_sasl_username}" password="{password}";',
+        }
+    if common.kafka_ssl_ca_file:
+        props |= {"ssl.truststore.type": "PEM", "ssl.truststore.location": common.kafka_ssl_ca_file}
+    return props
+
+
 def run_tool(broker: KafkaBroker, common: CommonSettings, *args: str, timeout_s: float = 120.0) -> str:
     """TransactionsCommand's output; InfraError with its own words when it fails."""
-    if common.kafka_security_protocol != "PLAINTEXT":
-        raise InfraError("abort-hanging speaks PLAINTEXT only for now: run Kafka's kafka-transactions.sh with a --command-config")
-    command = [
-        java_executable(), "-cp", f"{broker.libs_dir}/*", TRANSACTIONS_COMMAND, "--bootstrap-server", common.kafka_bootstrap, *args,
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    with tempfile.TemporaryDirectory(prefix="onceflow-transactions-") as folder:
+        config = Path(folder) / "client.properties"  # holds a password: readable by this user only
+        config.touch(mode=0o600)
+        props = java_client_properties(common)
+        if common.kafka_ssl_cert_file:  # a PEM keystore is the key and the certificate in one file
+            keystore = Path(folder) / "keystore.pem"
+            keystore.touch(mode=0o600)
+            keystore.write_text(Path(common.kafka_ssl_key_file).read_text() + Path(common.kafka_ssl_cert_file).read_text())
+            props |= {"ssl.keystore.type": "PEM", "ssl.keystore.location": str(keystore)}
+        config.write_text("".join(f"{name}={value}\n" for name, value in props.items()))
+        command = [
+            java_executable(), "-cp", f"{broker.libs_dir}/*", TRANSACTIONS_COMMAND, "--bootstrap-server", common.kafka_bootstrap,
+            "--command-config", str(config), *args,
+        ]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
     if done.returncode != 0:
         raise InfraError(f"TransactionsCommand {' '.join(args)}: {(done.stderr or done.stdout).strip()[-2000:]}")
     return done.stdout

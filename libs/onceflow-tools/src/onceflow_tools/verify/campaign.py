@@ -30,7 +30,7 @@ from onceflow.redis_client import connect, delete_prefix
 from onceflow.v1.ingest_pb2 import IngestRecord
 from onceflow_tools.infra import stack
 from onceflow_tools.infra.kafka import cluster as kafka_cluster
-from onceflow_tools.infra.topics import delete_topics, ensure_topics
+from onceflow_tools.infra.topics import delete_topics, provision
 from onceflow_tools.verify import spark_faults
 from onceflow_tools.verify.check import Verdict, check, undrained
 from onceflow_tools.verify.kafka_faults import CLUSTER_KINDS
@@ -175,7 +175,7 @@ def run(options: CampaignOptions, on_progress: Callable[[Progress], None] = lamb
         # Every node: a client must still find the cluster while the first one is down.
         env["ONCEFLOW_KAFKA_BOOTSTRAP"] = ",".join(node.bootstrap for node in nodes)
     common = CommonSettings(topic_prefix=prefix, kafka_bootstrap=env.get("ONCEFLOW_KAFKA_BOOTSTRAP", CommonSettings().kafka_bootstrap))
-    ensure_topics(common.kafka_bootstrap, prefix=prefix)
+    provision(common.kafka_bootstrap, prefix=prefix)
     log_dir = Path(tempfile.mkdtemp(prefix="onceflow-verify-"))
     note(f"topics {prefix!r} on {len(nodes)} broker(s); service logs in {log_dir}")
     if options.sabotage:
