@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from onceflow.config import CommonSettings
-from onceflow.redis_client import parse_sentinel_url
+from onceflow.redis_urls import parse_sentinel_url
 
 
 def test_a_sentinel_url_names_every_sentinel_the_master_and_the_db() -> None:

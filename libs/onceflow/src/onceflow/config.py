@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from onceflow.redis_urls import parse_sentinel_url
 from onceflow.topology import LOCALHOST, Service, hops_of
 
 
@@ -240,8 +241,6 @@ class CommonSettings(BaseSettings):
         # A typo in the URL must fail at startup with the reason, not at the first record.
         scheme = self.redis_url.split("://", 1)[0] if "://" in self.redis_url else ""
         if scheme == "redis+sentinel":
-            from onceflow.redis_client import parse_sentinel_url
-
             parse_sentinel_url(self.redis_url)
         elif scheme not in ("redis", "rediss", "unix"):
             raise ValueError(

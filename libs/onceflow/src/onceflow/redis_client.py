@@ -5,15 +5,16 @@ fails over (docs/redis.md)."""
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
-SENTINEL_SCHEME = "redis+sentinel"
+from onceflow.config import CommonSettings, secret
+from onceflow.redis_urls import SENTINEL_SCHEME, parse_sentinel_url
 
+__all__ = ["SENTINEL_SCHEME", "connect", "delete_prefix", "parse_sentinel_url"]
 
 def connect(url: str) -> redis.Redis:
     """A client that rides out a Redis restart or failover: connection errors are retried with
@@ -21,8 +22,6 @@ def connect(url: str) -> redis.Redis:
     primary's READONLY counts as a connection error there); a command unanswered for
     ONCEFLOW_REDIS_SOCKET_TIMEOUT_S fails at once (a stalled Redis). The password and, for rediss://,
     the CA come from ONCEFLOW_REDIS_PASSWORD(_FILE) and ONCEFLOW_REDIS_SSL_CA_FILE."""
-    from onceflow.config import CommonSettings, secret
-
     common = CommonSettings()
     options: dict[str, Any] = {
         # A refused or reset connection is retried here; a timeout is not: each retry of a stalled
@@ -44,26 +43,6 @@ def connect(url: str) -> redis.Redis:
     sentinel = Sentinel(sentinels, sentinel_kwargs={"socket_timeout": 1.0, "socket_connect_timeout": 1.0})
     primary: redis.Redis = sentinel.master_for(master, db=db, **options)
     return primary
-
-
-def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, int]:
-    """(Sentinel addresses, master name, db) of a ``redis+sentinel://`` URL; ValueError saying
-    what is wrong otherwise."""
-    parts = urlsplit(url)
-    if parts.scheme != SENTINEL_SCHEME:
-        raise ValueError(f"not a {SENTINEL_SCHEME}:// URL: {url!r}")
-    sentinels = []
-    for address in filter(None, parts.netloc.split(",")):
-        host, _, port = address.rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(f"Sentinel address {address!r} in {url!r} is not host:port")
-        sentinels.append((host, int(port)))
-    if not sentinels:
-        raise ValueError(f"no Sentinel address in {url!r}")
-    path = [p for p in parts.path.split("/") if p]
-    if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
-        raise ValueError(f"want {SENTINEL_SCHEME}://host:port[,host:port]/<master name>[/<db>], got {url!r}")
-    return sentinels, path[0], int(path[1]) if len(path) == 2 else 0
 
 
 def delete_prefix(client: redis.Redis, topic_prefix: str) -> None:

@@ -271,7 +271,7 @@ def acls(
               "the other services have no Redis user.", highlight=False, soft_wrap=True)
     if apply:
         try:
-            count = access.grant(common.kafka_bootstrap, common.topic_prefix)
+            count = secure_stack.grant_access(common.kafka_bootstrap, common.topic_prefix)
         except KafkaException as exc:
             err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
             raise typer.Exit(1) from None

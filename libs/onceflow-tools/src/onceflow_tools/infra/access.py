@@ -152,22 +152,3 @@ def redis_acl_lines(passwords: dict[str, str]) -> list[str]:
         for service, pattern in REDIS_KEYS.items()
     ]
 
-
-def grant(bootstrap: str, prefix: str = "", timeout: float = 30.0) -> int:
-    """As the admin: give every service its SCRAM credentials (upserted: idempotent) and its ACLs
-    on topic prefix ``prefix``; returns the number of ACL bindings. A home made before this
-    existed gets them on its next `infra up --secure`."""
-    from confluent_kafka.admin import AdminClient
-
-    from onceflow.kafka.clients import plain_config
-    from onceflow_tools.infra import secure
-
-    admin = AdminClient(plain_config(bootstrap))
-    passwords = secure.material().service_passwords("kafka", SERVICES)
-    upserts = scram_upsertions({principal(service): password for service, password in passwords.items()})
-    for future in admin.alter_user_scram_credentials(upserts, request_timeout=timeout).values():
-        future.result()
-    wanted = bindings(prefix)
-    for future in admin.create_acls(wanted, request_timeout=timeout).values():
-        future.result()
-    return len(wanted)

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from onceflow.kafka.clients import plain_config
-from onceflow_tools.infra import plumbing
+from onceflow_tools.infra import plumbing, secure
 from onceflow_tools.infra.paths import display_path, infra_dir, runtime_dir
 from onceflow_tools.infra.plumbing import InfraError
-from onceflow_tools.infra.settings import InfraSettings, kafka_port
+from onceflow_tools.infra.settings import InfraSettings, kafka_mtls_port, kafka_port
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class KafkaBroker:
             port = kafka_port(s)
             return cls(
                 port=port, controller_port=s.kafka_controller_port, home=runtime_dir() / "kafka-secure",
-                libs_home=runtime_dir() / "kafka", secure=True, mtls_port=s.kafka_mtls_port or port + 2,
+                libs_home=runtime_dir() / "kafka", secure=True, mtls_port=kafka_mtls_port(s),
             )
         return cls(port=kafka_port(s), controller_port=s.kafka_controller_port, home=runtime_dir() / "kafka")
 
@@ -243,8 +243,6 @@ class KafkaBroker:
     def _security_props(self) -> str:
         if not self.secure:
             return ""
-        from onceflow_tools.infra import secure
-
         m = secure.material()
         jaas = (
             "org.apache.kafka.common.security.scram.ScramLoginModule required "
@@ -318,8 +316,6 @@ class KafkaBroker:
         to hold it, and the broker needs it for its own connections before it can serve)."""
         if not self.secure:
             return []
-        from onceflow_tools.infra import secure
-
         password = secure.material().kafka_password
         return ["--add-scram", f"{secure.SCRAM_MECHANISM}=[name={secure.USER},password={password}]"]
 

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from onceflow_tools.infra import plumbing
+from onceflow_tools.infra import access, plumbing, secure
 from onceflow_tools.infra.paths import display_path, infra_dir, runtime_dir
 from onceflow_tools.infra.plumbing import InfraError
 from onceflow_tools.infra.settings import InfraSettings, redis_port, sentinel_port
@@ -202,8 +202,6 @@ class RedisServer:
     def _security_values(self) -> dict[str, object]:
         """TLS on the one port (no plaintext listener) and the default user off: a client
         without the certificate's CA and the ACL user's password is refused."""
-        from onceflow_tools.infra import access, secure
-
         m = secure.material()
         return {
             "listen": f"port 0\ntls-port {self.port}",

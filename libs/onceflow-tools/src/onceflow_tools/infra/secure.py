@@ -15,10 +15,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from confluent_kafka.admin import AdminClient
+
+from onceflow.kafka.clients import plain_config
 from onceflow_tools.infra import access, plumbing
 from onceflow_tools.infra.certs import CertAuthority
 from onceflow_tools.infra.paths import runtime_dir
-from onceflow_tools.infra.settings import InfraSettings
+from onceflow_tools.infra.settings import InfraSettings, kafka_mtls_port, kafka_port, redis_port
 
 USER = "onceflow"
 SCRAM_MECHANISM = "SCRAM-SHA-512"
@@ -152,11 +155,9 @@ def service_env(service: str, redis_url: str, home: Path | None = None) -> dict[
 
 def mtls_client_env(home: Path | None = None) -> dict[str, str]:
     """The Kafka settings of a client of the mutual-TLS listener instead (no SCRAM user)."""
-    from onceflow_tools.infra.kafka import KafkaBroker
-
     m = material(home)
     return {
-        "ONCEFLOW_KAFKA_BOOTSTRAP": f"127.0.0.1:{KafkaBroker.from_env(secure=True).mtls_port}",
+        "ONCEFLOW_KAFKA_BOOTSTRAP": f"127.0.0.1:{kafka_mtls_port()}",
         "ONCEFLOW_KAFKA_SECURITY_PROTOCOL": "SSL",
         "ONCEFLOW_KAFKA_SSL_CA_FILE": str(m.ca),
         "ONCEFLOW_KAFKA_SSL_CERT_FILE": str(m.client_cert),
@@ -167,11 +168,24 @@ def mtls_client_env(home: Path | None = None) -> dict[str, str]:
 def apply_client_env() -> dict[str, str]:
     """In secure mode, point this process's clients at the secure stack (what the user did not
     set already); the settings, for `infra up` to print."""
-    from onceflow_tools.infra.settings import kafka_port, redis_port
-
     env = client_env(f"127.0.0.1:{kafka_port()}", redis_port())
     for name, value in env.items():
         if name == "ONCEFLOW_REDIS_URL" and os.environ.get(name, "").startswith("redis://"):
             os.environ[name] = value  # the plain URL of the same port: the secure one instead
         os.environ.setdefault(name, value)
     return env
+
+
+def grant_access(bootstrap: str, prefix: str = "", timeout: float = 30.0) -> int:
+    """As the admin: give every service its SCRAM credentials (upserted: idempotent) and its ACLs
+    on topic prefix ``prefix`` (`access.bindings`); returns the number of ACL bindings. A home
+    made before least privilege gets them on its next `infra up --secure`."""
+    admin = AdminClient(plain_config(bootstrap))
+    passwords = material().service_passwords("kafka", access.SERVICES)
+    upserts = access.scram_upsertions({access.principal(service): password for service, password in passwords.items()})
+    for future in admin.alter_user_scram_credentials(upserts, request_timeout=timeout).values():
+        future.result()
+    wanted = access.bindings(prefix)
+    for future in admin.create_acls(wanted, request_timeout=timeout).values():
+        future.result()
+    return len(wanted)

@@ -84,6 +84,12 @@ def port_of(address: str, default: int) -> int:
     return port
 
 
+def kafka_mtls_port(settings: InfraSettings | None = None) -> int:
+    """The secure broker's mutual-TLS listener: ONCEFLOW_KAFKA_MTLS_PORT, else its SASL_SSL port + 2."""
+    s = settings or InfraSettings()
+    return s.kafka_mtls_port or kafka_port(s) + 2
+
+
 def kafka_port(settings: InfraSettings | None = None) -> int:
     s = settings or InfraSettings()
     if s.kafka_port is not None:

@@ -18,6 +18,7 @@ from onceflow.kafka.topics import (
     shared_specs,
     topics_file,
 )
+from onceflow_tools.infra import secure
 
 __all__ = [
     "CHANGELOG_CONFIG", "TopicReplicationError", "TopicSpec", "count_brokers", "delete_topics", "ensure_topics",
@@ -29,10 +30,8 @@ def provision(bootstrap: str, prefix: str = "", history_retention_ms: int | None
     """A namespace's topics, and on the secure stack each service's ACLs on them (ADR 0029):
     what `infra up`, `onceflow verify`, the benches and the tests' pipelines start from."""
     created = ensure_topics(bootstrap, prefix, history_retention_ms=history_retention_ms)
-    from onceflow_tools.infra import access, secure
-
     if secure.enabled():
-        access.grant(bootstrap, prefix)
+        secure.grant_access(bootstrap, prefix)
     return created
 
 
