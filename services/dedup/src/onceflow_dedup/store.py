@@ -8,7 +8,9 @@ committed, and restore catches Redis up from the checkpoint kept beside the data
 Fencing (read before write): whoever is assigned the partition first takes a higher sequencer
 token, and every write carries it. The apply script refuses a write whose token is no longer
 the newest, so an instance that was paused across a takeover (a zombie) cannot touch the store
-its replacement now owns. Refusals are counted in Redis and raise ``FencedError``.
+its replacement now owns. Refusals are counted in Redis and raise ``FencedError``. The sink's
+tables are fenced and checked the same way: both compose their scripts from
+``onceflow.state.fencing``.
 
 Continuity: Redis may lose or roll back writes (a failover to a lagging replica, the fsync
 window, a flush). So every write and every read the gate decides on states what this owner last
@@ -31,15 +33,12 @@ import logging
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import redis
 
-from onceflow.state.redis_store import (
-    UNCHECKED, RedisWatch, decode, expect, take_token, unavailable_on_error, wait_for_replicas,
-)
+from onceflow.state.fencing import Outcome, Position, Reply, take_token, token_check
+from onceflow.state.redis_store import UNCHECKED, RedisWatch, decode, expect, unavailable_on_error, wait_for_replicas
 from onceflow.state.store import StoreDiverged
-from onceflow.txn.errors import FencedError
 
 from onceflow_dedup.buckets import BloomBuckets, BucketSpec
 
@@ -48,34 +47,14 @@ log = logging.getLogger(__name__)
 # Ids per script call: bounds how long one call blocks Redis.
 APPLY_CHUNK = 2000
 
-# Fencing, first in every script. KEYS[1] meta, KEYS[2] ids; ARGV[1] this owner's token.
-# Returns early with {'fenced', newest} when a newer owner holds the partition.
-_FENCE = """
-local meta, ids = KEYS[1], KEYS[2]
-local mine = tonumber(ARGV[1])
-local newest = tonumber(redis.call('HGET', meta, 'token') or '0')
-if newest > mine then
-  redis.call('HINCRBY', meta, 'rejected', 1)
-  return {'fenced', newest}
-end
-"""
-
-# Continuity, next in every script that writes or decides. ARGV[2] the checkpoint expected
-# ('' none yet; '*' skips the check: the sabotaged build only). Returns early with
-# {'diverged', newest, checkpoint, count, ids held}.
-_CONTINUITY = _FENCE + """
-if ARGV[2] ~= '*' then
-  local checkpoint = redis.call('HGET', meta, 'checkpoint') or ''
-  local count = tonumber(redis.call('HGET', meta, 'count') or '0')
-  local held = redis.call('HLEN', ids)
-  if newest < mine or checkpoint ~= ARGV[2] or held ~= count then
-    return {'diverged', newest, checkpoint, count, held}
-  end
-end
-"""
+# Fencing, then continuity, first in every script (onceflow.state.fencing). KEYS[1] meta,
+# KEYS[2] ids; ARGV[1] this owner's token, ARGV[2] the checkpoint it expects. The meta's
+# checkpoint and count (checked against the ids held) are what Redis must hold.
+CHECKPOINT = Position("checkpoint", count="count")
+_CHECKED = token_check() + CHECKPOINT.continuity() + "local ids = KEYS[2]\n"
 
 # ARGV[3]: the new checkpoint ('' keeps it); then id, bucket pairs ('' bucket = delete).
-_APPLY = _CONTINUITY + """
+_APPLY = _CHECKED + """
 local bucket_prefix = KEYS[3]
 local names = {}
 for i = 4, #ARGV, 2 do names[#names + 1] = ARGV[i] end
@@ -128,9 +107,9 @@ if ARGV[3] ~= '' then redis.call('HSET', meta, 'checkpoint', ARGV[3]) end
 return {'applied', newest}
 """
 
-# ARGV[3..]: record_ids. Returns {'read', value or false, ...}: what the gate decides on.
-_READ = _CONTINUITY + """
-local found = {'read'}
+# ARGV[3..]: record_ids. Returns {'checked', newest, value or false, ...}: what the gate decides on.
+_READ = _CHECKED + """
+local found = {'checked', newest}
 for i = 3, #ARGV do
   found[#found + 1] = redis.call('HGET', ids, ARGV[i])
 end
@@ -138,13 +117,11 @@ return found
 """
 
 # KEYS[3..]: the partition's bucket sets. Empties the partition and takes a token newer than
-# any this owner saw, unless a newer owner holds it. Returns {'reset', token} or {'fenced', newest}.
-_RESET = _FENCE + """
+# any this owner saw, unless a newer owner holds it. Returns {'retaken', token} or {'fenced', newest}.
+_RESET = token_check() + """
 for i = 2, #KEYS do redis.call('DEL', KEYS[i]) end
-local token = string.format('%d', mine + 1)
-redis.call('HSET', meta, 'token', token, 'count', 0)
-redis.call('HDEL', meta, 'checkpoint')
-return {'reset', token}
+""" + CHECKPOINT.retake() + """
+return {'retaken', token}
 """
 
 
@@ -245,28 +222,23 @@ class DedupStore:
     def _call(
         self, script: redis.commands.core.Script, args: list[bytes | str | int], keys: list[str] | None = None,
         landed: str = "",
-    ) -> list[Any]:
+    ) -> Reply:
         """Run a checked script; its answer, or FencedError / StoreDiverged. ``landed``: the
         checkpoint this very call sets, found already set when the client retried a call whose
         reply was lost (the write landed once; that is not a divergence)."""
         with unavailable_on_error(self._name):
-            answer: list[Any] = script(keys=keys or [self.keys.meta, self.keys.ids], args=args)
-        status = decode(answer[0])
-        if status == "fenced":
-            raise FencedError(
-                f"{self._name}: write refused, token {self.token} is stale (newest {decode(answer[1])}): "
-                "another instance owns this partition now"
-            )
-        if status == "diverged":
-            _, newest, checkpoint, count, held = (decode(v) for v in answer)
-            if landed and checkpoint == landed and newest == str(self.token) and count == held:
-                return ["applied", newest]
+            reply = Reply.parse(script(keys=keys or [self.keys.meta, self.keys.ids], args=args))
+        reply.refuse_if_fenced(self._name, self.token)
+        if reply.outcome is Outcome.DIVERGED:
+            held = CHECKPOINT.held(reply)
+            if landed and held.is_exactly(self.token, landed):
+                return Reply(Outcome.APPLIED, held.token)
             raise StoreDiverged(
                 self.partition,
-                f"Redis holds token {newest}, checkpoint {checkpoint or 'none'}, {held} ids (its count says {count}); "
-                f"this owner wrote token {self.token}, checkpoint {self._checkpoint}",
+                f"Redis holds token {held.token}, checkpoint {held.position or 'none'}, {held.size} ids "
+                f"(its count says {held.count}); this owner wrote token {self.token}, checkpoint {self._checkpoint}",
             )
-        return answer
+        return reply
 
     # -- the gate's reads ----------------------------------------------------------------------
 
@@ -314,7 +286,8 @@ class DedupStore:
     def get(self, key: bytes) -> bytes | None:
         """The exact answer for one id, from a Redis checked to hold everything this owner
         wrote (StoreDiverged otherwise): what settles a Bloom filter's "maybe"."""
-        return self._call(self._read, [self.token, expect(self._checkpoint), key])[1] or None
+        found: bytes | None = self._call(self._read, [self.token, expect(self._checkpoint), key]).rest[0]
+        return found or None
 
     def items(self) -> Iterator[tuple[bytes, bytes]]:
         return iter(self._redis.hscan_iter(self.keys.ids, count=5000))
@@ -361,8 +334,7 @@ class DedupStore:
         """Empty this partition in Redis and in memory, with a newer token: a rebuild from the
         start of the changelog follows. A newer owner's store is never touched (FencedError)."""
         bucket_keys = [key.decode() for key in self._bucket_keys()]
-        answer = self._call(self._reset, [self.token], [self.keys.meta, self.keys.ids, *bucket_keys])
-        self.token = int(answer[1])
+        self.token = self._call(self._reset, [self.token], [self.keys.meta, self.keys.ids, *bucket_keys]).newest_token
         self._checkpoint = None
         self.filters = BloomBuckets(self.filters.spec)
 

@@ -31,20 +31,12 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from enum import Enum
 
 import redis
 from google.protobuf.message import DecodeError
 
-from onceflow.state.redis_store import (
-    RedisWatch,
-    as_bytes,
-    decode,
-    expect,
-    take_token,
-    unavailable_on_error,
-    wait_for_replicas,
-)
+from onceflow.state.fencing import Outcome, Position, Reply, take_token, token_check
+from onceflow.state.redis_store import RedisWatch, as_bytes, decode, expect, unavailable_on_error, wait_for_replicas
 from onceflow.topology import SEPARATOR, split
 from onceflow.v1.sink_pb2 import ScanPosition
 
@@ -53,23 +45,16 @@ from onceflow.v1.sink_pb2 import ScanPosition
 SCAN_STEP_COUNT = 1_000
 SCAN_EXAMINED_PER_CALL = 20_000
 
+# What a partition's meta says its rows reflect: the last compute.results offset applied.
+OFFSET = Position("offset")
+
 # KEYS: partition meta, table key prefix, table meta key prefix. ARGV: token, the offset expected
 # in Redis ('' none; '*' skips the check: the sabotaged build only), the new last offset ('' =
 # only check), the number n of job, fingerprint pairs that follow (each table's meta), then op,
-# job, key, value quadruples (op "+" upsert, "-" retract).
-# Returns {status, newest token, stored offset ('' none)}.
-_APPLY = """
-local meta, table_prefix, table_meta_prefix = KEYS[1], KEYS[2], KEYS[3]
-local mine = tonumber(ARGV[1])
-local newest = tonumber(redis.call('HGET', meta, 'token') or '0')
-local stored = redis.call('HGET', meta, 'offset') or ''
-if newest > mine then
-  redis.call('HINCRBY', meta, 'rejected', 1)
-  return {'fenced', newest, stored}
-end
-if ARGV[2] ~= '*' and (newest < mine or stored ~= ARGV[2]) then
-  return {'diverged', newest, stored}
-end
+# job, key, value quadruples (op "+" upsert, "-" retract). Fencing, then continuity, first
+# (onceflow.state.fencing). Returns {status, newest token, stored offset ('' none)}.
+_APPLY = token_check(OFFSET.stored) + OFFSET.continuity() + """
+local table_prefix, table_meta_prefix = KEYS[2], KEYS[3]
 if ARGV[3] == '' then
   return {'checked', newest, stored}
 end
@@ -91,17 +76,7 @@ return {'applied', newest, ARGV[3]}
 
 # A rebuild's first step: a token newer than any this owner saw (unless a newer owner holds
 # the partition) and no offset, so the replay from the start of compute.results is checked too.
-_RETAKE = """
-local meta = KEYS[1]
-local mine = tonumber(ARGV[1])
-local newest = tonumber(redis.call('HGET', meta, 'token') or '0')
-if newest > mine then
-  redis.call('HINCRBY', meta, 'rejected', 1)
-  return {'fenced', newest, ''}
-end
-local token = string.format('%d', mine + 1)
-redis.call('HSET', meta, 'token', token)
-redis.call('HDEL', meta, 'offset')
+_RETAKE = token_check("''") + OFFSET.retake() + """
 return {'retaken', token, ''}
 """
 
@@ -125,17 +100,9 @@ return {1, ARGV[2]}
 """
 
 
-class Outcome(str, Enum):
-    APPLIED = "applied"
-    CHECKED = "checked"  # a check only: Redis holds what this owner wrote
-    FENCED = "fenced"  # a newer owner holds the partition: this instance is a zombie
-    DIVERGED = "diverged"  # Redis lost or rolled back writes: rebuild the partition
-    RETAKEN = "retaken"  # a rebuild may start: newer token, no offset
-
-
 @dataclass(frozen=True)
 class Answer:
-    outcome: Outcome
+    outcome: Outcome  # onceflow.state.fencing's: applied, checked, fenced, diverged, retaken
     newest_token: int
     stored: int  # the offset Redis holds, -1 for none
 
@@ -222,9 +189,9 @@ class ResultTables:
         self, script: redis.commands.core.Script, partition: int, keys: list[str], argv: list[str | bytes | int]
     ) -> Answer:
         with unavailable_on_error(f"sink partition {partition}"):
-            status, newest, stored = script(keys=keys, args=argv)
-        text = decode(stored)
-        return Answer(Outcome(decode(status)), int(newest), int(text) if text else -1)
+            reply = Reply.parse(script(keys=keys, args=argv))
+        stored = decode(reply.rest[0])  # every answer of these scripts says the offset Redis holds
+        return Answer(reply.outcome, reply.newest_token, int(stored) if stored else -1)
 
     def watch_identity(self) -> None:
         with unavailable_on_error("sink"):

@@ -4,7 +4,8 @@ the watch on Redis' identity.
 Redis holds derived state only; Kafka holds the truth. Each Redis store writes through a Lua
 script that states the position (changelog checkpoint or result offset) its owner expects Redis
 to hold, and refuses with ``diverged`` when Redis holds anything else: the owner then rebuilds
-from Kafka (docs/redis.md, docs/architecture.md).
+from Kafka (docs/redis.md, docs/architecture.md). Those checks, and the fencing of stale owners,
+are ``onceflow.state.fencing``.
 """
 
 from __future__ import annotations
@@ -113,22 +114,6 @@ class RedisWatch:
             log.warning("Redis restarted or failed over (%s -> %s): auditing every store", self.identity, identity)
         self.identity = identity
         return True
-
-
-# A new owner's token: above every token Redis holds, and above the clock in ms, so it stays
-# above every earlier owner's even after Redis lost the tokens themselves (a flush, a rollback).
-# An earlier owner that finds Redis behind then rebuilds with its own token + 1, still below the
-# newest owner's, which fences it at its next write. Owners change a session timeout apart, far
-# more than the skew of the clocks involved.
-_TAKE_TOKEN = """
-local token = math.max(tonumber(redis.call('HGET', KEYS[1], 'token') or '0') + 1, tonumber(ARGV[1]))
-redis.call('HSET', KEYS[1], 'token', string.format('%d', token))
-return string.format('%d', token)
-"""
-
-
-def take_token(client: redis.Redis, meta_key: str) -> int:
-    return int(client.eval(_TAKE_TOKEN, 1, meta_key, int(time.time() * 1000)))
 
 
 def wait_for_replicas(client: redis.Redis, replicas: int, timeout_ms: int) -> None:
