@@ -10,7 +10,9 @@ from pathlib import Path
 import grpc
 
 
-def _read(path: str) -> bytes:
+def read_tls_file(path: str) -> bytes:
+    """The bytes of a certificate or key file; a ValueError naming the file when it cannot be
+    read. The servers' TLS (onceflow.admin.tls) reads its files through this too."""
     try:
         return Path(path).read_bytes()
     except OSError as exc:
@@ -36,9 +38,9 @@ class ClientTLS:
 
     def credentials(self) -> grpc.ChannelCredentials:
         return grpc.ssl_channel_credentials(
-            root_certificates=_read(self.ca_file) if self.ca_file else None,
-            private_key=_read(self.key_file) if self.key_file else None,
-            certificate_chain=_read(self.cert_file) if self.cert_file else None,
+            root_certificates=read_tls_file(self.ca_file) if self.ca_file else None,
+            private_key=read_tls_file(self.key_file) if self.key_file else None,
+            certificate_chain=read_tls_file(self.cert_file) if self.cert_file else None,
         )
 
 

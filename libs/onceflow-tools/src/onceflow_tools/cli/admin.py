@@ -11,7 +11,6 @@ from typing import Annotated, TypeVar
 
 import grpc
 import typer
-from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 from rich.console import Console, Group, RenderableType
 from rich.markup import escape
@@ -20,17 +19,10 @@ from rich.text import Text
 
 from onceflow.admin import fleet
 from onceflow.admin.auth import ClientTokens
-from onceflow.admin.tls import ClientTLS, channel
-from onceflow.v1 import (
-    acker_pb2,
-    acker_pb2_grpc,
-    admin_pb2,
-    admin_pb2_grpc,
-    compute_pb2,
-    compute_pb2_grpc,
-    dedup_pb2,
-    dedup_pb2_grpc,
-)
+from onceflow.admin.tls import ClientTLS
+from onceflow.v1 import acker_pb2, compute_pb2
+from onceflow_tools import admin_client
+from onceflow_tools.admin_client import NO_CHANNEL, CallFailed, as_dict
 from onceflow_tools.cli.options import ProducerOption, ServiceAddress, StreamOption, TlsCa, TlsCert, TlsKey, client_tls
 
 app = typer.Typer(no_args_is_help=True, help="Operate running services (gRPC admin calls).")
@@ -47,6 +39,7 @@ Json = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 Token = Annotated[str, typer.Option(envvar="ONCEFLOW_ADMIN_TOKEN", show_default=False, help="Admin bearer token (or ONCEFLOW_ADMIN_TOKEN_FILE: a file holding it).")]
 TIMEOUT_S = 5.0
 T = TypeVar("T")
+M = TypeVar("M", bound=Message)
 
 
 # Set by the group's callback before any command runs: one CLI invocation, one TLS choice.
@@ -60,42 +53,45 @@ def _connect(tls_ca: TlsCa = "", tls_cert: TlsCert = "", tls_key: TlsKey = "") -
 
 
 def _call(address: str, fn: Callable[[grpc.Channel], T]) -> T:
+    """``fn`` on a channel to ``address`` (this invocation's TLS); a failure is printed, exit 2."""
     try:
-        chan = channel(address, _client_tls)
-    except ValueError as exc:  # an unreadable TLS file
-        console.print(f"[red]{address}[/]: {exc}")
+        return admin_client.call(address, _client_tls, fn)
+    except CallFailed as exc:
+        where = address if exc.code == NO_CHANNEL else f"{address}: {exc.code}"
+        console.print(f"[red]{where}[/]: {exc.details}")
         raise typer.Exit(2) from None
-    with chan:
-        try:
-            return fn(chan)
-        except grpc.RpcError as exc:
-            console.print(f"[red]{address}: {exc.code().name}[/]: {exc.details()}")  # type: ignore[attr-defined]
-            raise typer.Exit(2) from None
 
 
-def _bearer(token: str) -> list[tuple[str, str]]:
-    """For a mutating call: --token, else ONCEFLOW_ADMIN_TOKEN or ONCEFLOW_ADMIN_TOKEN_FILE."""
+def _admin_token(token: str) -> str:
+    """For a mutating call: --token, else ONCEFLOW_ADMIN_TOKEN or ONCEFLOW_ADMIN_TOKEN_FILE.
+    Commands read it inside the call, once the channel is open: an unreadable TLS file is
+    reported before an unreadable token file."""
     try:
-        token = token or ClientTokens().admin()
+        return token or ClientTokens().admin()
     except ValueError as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None
-    return [("authorization", f"Bearer {token}")] if token else []
 
 
-def _dict(message: Message) -> dict:
-    return MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
-
-
-def _print(message: Message, as_json: bool) -> None:
-    data = _dict(message)
+def _show(reply: M, as_json: bool, view: Callable[[M], RenderableType] | None = None) -> None:
+    """--json: the reply as JSON for scripts; else ``view`` of it, by default its fields."""
     if as_json:
-        typer.echo(json.dumps(data, indent=2))
-        return
+        typer.echo(json.dumps(as_dict(reply), indent=2))
+    else:
+        console.print(view(reply) if view is not None else _fields(reply))
+
+
+def _show_stats(service: str, address: str | None, as_json: bool) -> None:
+    """``service``'s own Stats, from ``address`` or its first instance in the services config."""
+    address = address or fleet.default_address(service)
+    _show(_call(address, lambda ch: admin_client.STATS[service](ch, TIMEOUT_S)), as_json)
+
+
+def _fields(reply: Message) -> Table:
     table = Table(show_header=False, box=None)
-    for key, value in data.items():
+    for key, value in as_dict(reply).items():
         table.add_row(key, json.dumps(value) if isinstance(value, (dict, list)) else str(value))
-    console.print(table)
+    return table
 
 
 @app.command()
@@ -121,8 +117,7 @@ def status(
         _status_all(config or fleet.services_file(), timeout, as_json)
         return
     target = address or fleet.default_address("ingest")
-    reply = _call(target, lambda ch: admin_pb2_grpc.AdminStub(ch).Status(admin_pb2.StatusRequest(), timeout=TIMEOUT_S))
-    _print(reply, as_json)
+    _show(_call(target, lambda ch: admin_client.status(ch, TIMEOUT_S)), as_json)
 
 
 def _status_all(config: Path, timeout_s: float, as_json: bool) -> None:
@@ -146,7 +141,7 @@ def _status_dict(result: fleet.ServiceStatus) -> dict:
         "address": result.endpoint.address,
         "health": result.health,
         "error": result.error,
-        "status": _dict(result.status) if result.status is not None else None,
+        "status": as_dict(result.status) if result.status is not None else None,
     }
 
 
@@ -211,17 +206,13 @@ def _ranges(numbers: list[int]) -> str:
 @app.command()
 def pause(address: Address, token: Token = "", as_json: Json = False) -> None:
     """Stop taking work (needs the admin token)."""
-    request = admin_pb2.PauseRequest()
-    reply = _call(address, lambda ch: admin_pb2_grpc.AdminStub(ch).Pause(request, metadata=_bearer(token), timeout=TIMEOUT_S))
-    _print(reply, as_json)
+    _show(_call(address, lambda ch: admin_client.pause(ch, TIMEOUT_S, _admin_token(token))), as_json)
 
 
 @app.command()
 def resume(address: Address, token: Token = "", as_json: Json = False) -> None:
     """Take work again, also after a drain (needs the admin token)."""
-    request = admin_pb2.ResumeRequest()
-    reply = _call(address, lambda ch: admin_pb2_grpc.AdminStub(ch).Resume(request, metadata=_bearer(token), timeout=TIMEOUT_S))
-    _print(reply, as_json)
+    _show(_call(address, lambda ch: admin_client.resume(ch, TIMEOUT_S, _admin_token(token))), as_json)
 
 
 @app.command()
@@ -232,9 +223,8 @@ def drain(
     as_json: Json = False,
 ) -> None:
     """Stop taking work and commit what is in flight; the process stays up (needs the admin token)."""
-    request = admin_pb2.DrainRequest(timeout_seconds=wait)
-    reply = _call(address, lambda ch: admin_pb2_grpc.AdminStub(ch).Drain(request, metadata=_bearer(token), timeout=wait + TIMEOUT_S))
-    _print(reply, as_json)
+    reply = _call(address, lambda ch: admin_client.drain(ch, wait, TIMEOUT_S, _admin_token(token)))
+    _show(reply, as_json)
     if not reply.drained:
         raise typer.Exit(1)
 
@@ -242,9 +232,7 @@ def drain(
 @acker_app.command("stats")
 def acker_stats(address: ServiceAddress = None, as_json: Json = False) -> None:
     """Pending trees, decisions, completed/s, tree latency p50/p99."""
-    address = address or fleet.default_address("acker")
-    reply = _call(address, lambda ch: acker_pb2_grpc.AckerAdminStub(ch).Stats(acker_pb2.AckerStatsRequest(), timeout=TIMEOUT_S))
-    _print(reply, as_json)
+    _show_stats("acker", address, as_json)
 
 
 @acker_app.command("tree")
@@ -258,9 +246,8 @@ def acker_tree(
     address = address or fleet.default_address("acker")
     if (root_id is None) == (record_id is None):
         raise typer.BadParameter("give exactly one of --root-id and --record-id")
-    request = acker_pb2.GetTreeRequest(root_id=root_id) if root_id is not None else acker_pb2.GetTreeRequest(record_id=record_id)
-    reply = _call(address, lambda ch: acker_pb2_grpc.AckerAdminStub(ch).GetTree(request, timeout=TIMEOUT_S))
-    _print(reply, as_json)
+    tree = _call(address, lambda ch: admin_client.get_tree(ch, TIMEOUT_S, root_id=root_id, record_id=record_id or ""))
+    _show(tree, as_json)
 
 
 @acker_app.command("pending")
@@ -272,17 +259,16 @@ def acker_pending(
 ) -> None:
     """The oldest pending trees."""
     address = address or fleet.default_address("acker")
-    request = acker_pb2.ListPendingRequest(limit=limit, older_than_ms=older_than_ms)
-    reply = _call(address, lambda ch: acker_pb2_grpc.AckerAdminStub(ch).ListPending(request, timeout=TIMEOUT_S))
-    if as_json:
-        _print(reply, True)
-        return
+    _show(_call(address, lambda ch: admin_client.list_pending(ch, TIMEOUT_S, limit, older_than_ms)), as_json, _pending_table)
+
+
+def _pending_table(reply: acker_pb2.ListPendingReply) -> Table:
     table = Table(title=f"{reply.total_pending} pending")
     for column in ("root_id", "record_id", "attempt", "age ms", "init seen", "failed"):
         table.add_column(column)
     for tree in reply.trees:
         table.add_row(str(tree.root_id), tree.origin.record_id, str(tree.attempt), str(tree.age_ms), str(tree.init_seen), str(tree.failed))
-    console.print(table)
+    return table
 
 
 @dedup_app.command("check")
@@ -295,17 +281,13 @@ def dedup_check(
 ) -> None:
     """Whether the gate would drop a new copy of RECORD_ID (of --stream), and until when."""
     address = address or fleet.default_address("dedup")
-    request = dedup_pb2.CheckRequest(record_id=record_id, stream=stream, producer=producer)
-    reply = _call(address, lambda ch: dedup_pb2_grpc.DedupAdminStub(ch).Check(request, timeout=TIMEOUT_S))
-    _print(reply, as_json)
+    _show(_call(address, lambda ch: admin_client.dedup_check(ch, TIMEOUT_S, record_id, stream, producer)), as_json)
 
 
 @dedup_app.command("stats")
 def dedup_stats(address: ServiceAddress = None, as_json: Json = False) -> None:
     """Passed, dropped, fast-path ratio, store reads, measured vs configured false positives."""
-    address = address or fleet.default_address("dedup")
-    reply = _call(address, lambda ch: dedup_pb2_grpc.DedupAdminStub(ch).Stats(dedup_pb2.DedupStatsRequest(), timeout=TIMEOUT_S))
-    _print(reply, as_json)
+    _show_stats("dedup", address, as_json)
 
 
 @dedup_app.command("forget")
@@ -319,22 +301,18 @@ def dedup_forget(
 ) -> None:
     """Drop RECORD_ID (of --stream) from the gate's exact store (a committed tombstone), so it can be re-driven."""
     address = address or fleet.default_address("dedup")
-    request = dedup_pb2.ForgetRequest(record_id=record_id, stream=stream, producer=producer)
-    reply = _call(
-        address, lambda ch: dedup_pb2_grpc.DedupAdminStub(ch).Forget(request, metadata=_bearer(token), timeout=TIMEOUT_S * 8)
-    )
-    _print(reply, as_json)
+    reply = _call(address, lambda ch: admin_client.forget(ch, TIMEOUT_S * 8, _admin_token(token), record_id, stream, producer))
+    _show(reply, as_json)
 
 
 @compute_app.command("jobs")
 def compute_jobs(address: ServiceAddress = None, as_json: Json = False) -> None:
     """The jobs a worker knows: the one it runs and the built-ins, with schema, key and aggregates."""
     address = address or fleet.default_address("compute")
-    request = compute_pb2.ListJobsRequest()
-    reply = _call(address, lambda ch: compute_pb2_grpc.ComputeAdminStub(ch).ListJobs(request, timeout=TIMEOUT_S))
-    if as_json:
-        _print(reply, True)
-        return
+    _show(_call(address, lambda ch: admin_client.list_jobs(ch, TIMEOUT_S)), as_json, _jobs_table)
+
+
+def _jobs_table(reply: compute_pb2.ListJobsReply) -> Table:
     table = Table(title=f"{len(reply.jobs)} jobs")
     for column in ("name", "kind", "key", "aggregates", "input schema", "running"):
         # Long aggregates fold rather than lose their column names to an ellipsis.
@@ -344,7 +322,7 @@ def compute_jobs(address: ServiceAddress = None, as_json: Json = False) -> None:
             escape(job.name), job.kind, escape(job.key), escape("\n".join(job.aggregates)) or "-",
             escape(job.input_schema.replace(", ", "\n")), "[green]yes[/]" if job.running else "no",
         )
-    console.print(table)
+    return table
 
 
 @compute_app.command("state")
@@ -356,27 +334,23 @@ def compute_state(
 ) -> None:
     """KEY's state in this worker: the committed row and its partials; exit 1 when not found here."""
     address = address or fleet.default_address("compute")
-    request = compute_pb2.GetStateRequest(job=job, key=key)
-    reply = _call(address, lambda ch: compute_pb2_grpc.ComputeAdminStub(ch).GetState(request, timeout=TIMEOUT_S))
-    if as_json:
-        _print(reply, True)
-    elif reply.found:
-        table = Table(show_header=False, box=None)
-        table.add_row("row", escape(reply.row))
-        table.add_row("partials", escape(reply.partials))
-        table.add_row("partition", str(reply.partition))
-        table.add_row("owned", str(reply.owned))
-        console.print(table)
-    else:
-        console.print(f"no state for {key!r} of {job!r} in this worker's partitions (another worker of the job may own it)")
+    reply = _call(address, lambda ch: admin_client.get_state(ch, TIMEOUT_S, job, key))
+    missing = f"no state for {key!r} of {job!r} in this worker's partitions (another worker of the job may own it)"
+    _show(reply, as_json, lambda r: _state_table(r) if r.found else missing)
     if not reply.found:
         raise typer.Exit(1)
+
+
+def _state_table(reply: compute_pb2.GetStateReply) -> Table:
+    table = Table(show_header=False, box=None)
+    table.add_row("row", escape(reply.row))
+    table.add_row("partials", escape(reply.partials))
+    table.add_row("partition", str(reply.partition))
+    table.add_row("owned", str(reply.owned))
+    return table
 
 
 @compute_app.command("stats")
 def compute_stats(address: ServiceAddress = None, as_json: Json = False) -> None:
     """The job, engine, adaptive batch size, rates, job time p50/p99, records in, dead letters, keys."""
-    address = address or fleet.default_address("compute")
-    request = compute_pb2.ComputeStatsRequest()
-    reply = _call(address, lambda ch: compute_pb2_grpc.ComputeAdminStub(ch).Stats(request, timeout=TIMEOUT_S))
-    _print(reply, as_json)
+    _show_stats("compute", address, as_json)

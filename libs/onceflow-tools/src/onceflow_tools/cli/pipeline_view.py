@@ -11,16 +11,8 @@ from dataclasses import dataclass, field
 import grpc
 from rich.table import Table
 
-from onceflow.v1 import (
-    acker_pb2,
-    acker_pb2_grpc,
-    admin_pb2,
-    admin_pb2_grpc,
-    compute_pb2,
-    compute_pb2_grpc,
-    dedup_pb2,
-    dedup_pb2_grpc,
-)
+from onceflow.v1 import admin_pb2
+from onceflow_tools import admin_client
 
 _CALL_TIMEOUT_S = 1.0
 
@@ -57,14 +49,16 @@ class PipelineView:
 
     def _channel(self, service: str) -> grpc.Channel:
         if service not in self._channels:
-            self._channels[service] = grpc.insecure_channel(self.addresses[service])
+            # Plaintext, no token: the view reads the services demo and verify start on loopback.
+            address = self.addresses[service]
+            self._channels[service] = admin_client.open_channel(address, None, reads=admin_client.no_token)
         return self._channels[service]
 
     def _rate(self, name: str, count: float) -> str:
         return f"{self._rates.setdefault(name, _Rate()).update(count):,.0f}/s"
 
     def _status(self, service: str) -> admin_pb2.StatusReply:
-        return admin_pb2_grpc.AdminStub(self._channel(service)).Status(admin_pb2.StatusRequest(), timeout=_CALL_TIMEOUT_S)
+        return admin_client.status(self._channel(service), _CALL_TIMEOUT_S)
 
     def rows(self) -> list[tuple[str, str, str]]:
         """(service, rate, what it reports) per service, read now."""
@@ -102,7 +96,7 @@ class PipelineView:
         return self._rate("ingest", status.records_out), f"{status.records_out:,} records committed · {pending:,.0f} trees in flight"
 
     def _acker(self) -> tuple[str, str]:
-        stats = acker_pb2_grpc.AckerAdminStub(self._channel("acker")).Stats(acker_pb2.AckerStatsRequest(), timeout=_CALL_TIMEOUT_S)
+        stats = admin_client.acker_stats(self._channel("acker"), _CALL_TIMEOUT_S)
         return (
             self._rate("acker", stats.completed),
             f"{stats.completed:,} trees completed · {stats.pending:,} pending · {stats.timed_out:,} timed out · "
@@ -110,16 +104,14 @@ class PipelineView:
         )
 
     def _dedup(self) -> tuple[str, str]:
-        stats = dedup_pb2_grpc.DedupAdminStub(self._channel("dedup")).Stats(dedup_pb2.DedupStatsRequest(), timeout=_CALL_TIMEOUT_S)
+        stats = admin_client.dedup_stats(self._channel("dedup"), _CALL_TIMEOUT_S)
         return (
             self._rate("dedup", stats.passed + stats.dropped),
             f"{stats.passed:,} passed · {stats.dropped:,} duplicates dropped · fast path {stats.fast_path_ratio:.1%}",
         )
 
     def _compute(self) -> tuple[str, str]:
-        stats = compute_pb2_grpc.ComputeAdminStub(self._channel("compute")).Stats(
-            compute_pb2.ComputeStatsRequest(), timeout=_CALL_TIMEOUT_S
-        )
+        stats = admin_client.compute_stats(self._channel("compute"), _CALL_TIMEOUT_S)
         if stats.watermark_ms < 0:
             watermark = "watermark: none yet"
         else:

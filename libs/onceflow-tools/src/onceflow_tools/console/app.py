@@ -33,8 +33,8 @@ from onceflow.admin.tls import ClientTLS
 from onceflow.config import CommonSettings
 from onceflow.kafka.registry import read_registry
 from onceflow_client.dlq import DLQ_TOPICS, DeadLetters, Letter, LetterFilter, reason_counts
+from onceflow_tools.admin_client import CallFailed
 from onceflow_tools.console import graph, grpc_calls, records
-from onceflow_tools.console.grpc_calls import CallFailed
 from onceflow_tools.console.settings import ConsoleSettings
 from onceflow_tools.console.watch import FleetWatch
 from onceflow_sink import versions

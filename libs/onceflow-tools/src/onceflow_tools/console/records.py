@@ -17,9 +17,8 @@ from onceflow.kafka.inspect import TopicRecord, find_committed
 from onceflow.topology import Topic
 from onceflow.v1.acker_pb2 import TreeEvent
 from onceflow.v1.envelope_pb2 import DeadLetter, Envelope
+from onceflow_tools.admin_client import CallFailed, as_dict
 from onceflow_tools.console import grpc_calls
-from onceflow_tools.console.grpc_calls import CallFailed
-from onceflow_tools.console.watch import as_dict
 
 MAX_RECORD_ID_BYTES = 256  # what ingest accepts (docs/services/ingest.md)
 

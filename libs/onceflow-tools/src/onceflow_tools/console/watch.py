@@ -8,49 +8,28 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import grpc
-from google.protobuf.json_format import MessageToDict
-from google.protobuf.message import Message
-
 from onceflow.admin import fleet
 from onceflow.admin.fleet import DOWN, SERVING, Endpoint, ServiceStatus
 from onceflow.admin.tls import ClientTLS
-from onceflow.v1 import (
-    acker_pb2,
-    acker_pb2_grpc,
-    compute_pb2,
-    compute_pb2_grpc,
-    dedup_pb2,
-    dedup_pb2_grpc,
-)
-from onceflow_tools.console.grpc_calls import read_bearer
+from onceflow.v1 import acker_pb2, compute_pb2, dedup_pb2
+from onceflow_tools import admin_client
+from onceflow_tools.admin_client import as_dict
 
 log = logging.getLogger(__name__)
 
 # The pipeline's services in the order a record meets them (the acker beside them all).
 PIPELINE = ("ingest", "dedup", "compute", "sink", "acker")
 
-# A service's own Stats call, where it has one.
-_STATS: dict[str, Callable[[grpc.Channel, float], Message]] = {
-    "acker": lambda ch, t: acker_pb2_grpc.AckerAdminStub(ch).Stats(acker_pb2.AckerStatsRequest(), timeout=t),
-    "dedup": lambda ch, t: dedup_pb2_grpc.DedupAdminStub(ch).Stats(dedup_pb2.DedupStatsRequest(), timeout=t),
-    "compute": lambda ch, t: compute_pb2_grpc.ComputeAdminStub(ch).Stats(compute_pb2.ComputeStatsRequest(), timeout=t),
-}
-
-
-def as_dict(message: Message) -> dict[str, Any]:
-    return MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
-
 
 def read_instance(endpoint: Endpoint, tls: ClientTLS | None, deadline_s: float) -> ServiceStatus:
     """Health, Status and the service's own Stats (``extra``), all within ``deadline_s``; reads
-    carry only the read token (grpc_calls)."""
-    return fleet.query(endpoint, tls, deadline_s, bearer=read_bearer(), also=_STATS.get(endpoint.name))
+    carry only the read token, as grpc_calls' do."""
+    reads = admin_client.read_token()
+    return fleet.query(endpoint, tls, deadline_s, bearer=reads, also=admin_client.STATS.get(endpoint.name))
 
 
 @dataclass

@@ -6,21 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 
 from onceflow.config import CommonSettings
-from onceflow_client.tls import ClientTLS, sync_channel
+from onceflow_client.tls import ClientTLS, read_tls_file, sync_channel
 
 __all__ = ["ClientTLS", "ServerTLS", "channel"]
-
-
-def _read(path: str) -> bytes:
-    try:
-        return Path(path).read_bytes()
-    except OSError as exc:
-        raise ValueError(f"cannot read TLS file {path}: {exc.strerror}") from None
 
 
 @dataclass(frozen=True)
@@ -42,9 +34,9 @@ class ServerTLS:
         return "mTLS" if self.client_ca_file else "TLS"
 
     def credentials(self) -> grpc.ServerCredentials:
-        client_ca = _read(self.client_ca_file) if self.client_ca_file else None
+        client_ca = read_tls_file(self.client_ca_file) if self.client_ca_file else None
         return grpc.ssl_server_credentials(
-            [(_read(self.key_file), _read(self.cert_file))],
+            [(read_tls_file(self.key_file), read_tls_file(self.cert_file))],
             root_certificates=client_ca,
             require_client_auth=client_ca is not None,
         )
