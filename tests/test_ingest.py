@@ -14,6 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from onceflow import topology
 from onceflow.admin.tls import ClientTLS
 from onceflow.codec import decode_envelope
 from onceflow_client import IngestClient, RetryPolicy
@@ -458,10 +459,10 @@ def test_a_replayer_stuck_outside_its_group_ends_ingest_with_exit_4_from_the_sha
         """The membership watch's verdict on a member the group has dropped for good."""
 
         def observe(self, _consumer: object) -> None:
-            raise ConsumerStuck(f"group {settings.replayer_group_id}: this member is outside the group")
+            raise ConsumerStuck(f"group {settings.group_id_of(topology.INGEST_REPLAYER)}: this member is outside the group")
 
     def watch(common, group_id: str):  # noqa: ANN001, ANN202 - the driver's own signature
-        return Evicted() if group_id == settings.replayer_group_id else real_watch(common, group_id)
+        return Evicted() if group_id == settings.group_id_of(topology.INGEST_REPLAYER) else real_watch(common, group_id)
 
     monkeypatch.setattr(driver, "watch_membership", watch)
     monkeypatch.setattr(ingest_service, "on_stop_signals", lambda _stop: None)  # pytest keeps its own handlers

@@ -61,7 +61,7 @@ def test_a_sink_whose_consumer_gets_no_committed_offsets_exits_for_a_restart(mon
     monkeypatch.setattr(driver, "watch_membership", lambda *_args, **_kwargs: _Membership())
     monkeypatch.setattr(driver.clients, "consumer", lambda *_args, **_kwargs: consumer)
     sink = worker_module.SinkWorker(
-        CommonSettings(), LoopSettings(), _Tables(), group_id="g", transactional_id="t", acking=False,  # type: ignore[arg-type]
+        CommonSettings(), LoopSettings(), _Tables(), instance="t", acking=False,  # type: ignore[arg-type]
     )
     assert sink.run() == EXIT_RESTART
     assert consumer.committed_calls == 2

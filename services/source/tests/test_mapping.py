@@ -16,6 +16,7 @@ from onceflow.spout import RECORD_ID_MAX_BYTES, Limits
 from onceflow_client.kafka_identity import KafkaOrigin
 from onceflow_source.mapping import (
     Mapping,
+    MappingFailed,
     NoIdField,
     OverLimit,
     SourceRecord,
@@ -91,15 +92,25 @@ def test_the_same_payload_at_two_offsets_is_two_records(value: bytes, first: int
     assert one.record_id != two.record_id and one.payload == two.payload
 
 
-# NUL is reserved in record ids (onceflow.streams): such an id is a dead letter, tested below.
+# NUL is reserved in record ids (onceflow.streams), and a lone surrogate is no UTF-8: such ids
+# are dead letters, tested below.
 @given(
-    st.one_of(st.text(st.characters(blacklist_characters="\x00"), min_size=1, max_size=100), st.integers(-(2**63), 2**63)),
+    st.one_of(
+        st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), min_size=1, max_size=100),
+        st.integers(-(2**63), 2**63),
+    ),
     st.integers(0, 1000),
 )
 def test_with_an_id_field_the_record_id_is_that_field_wherever_the_record_sits(value: str | int, offset: int) -> None:
     body = json.dumps({"id": value, "amount": 3}).encode()
     mapped = map_record(record(body, offset=offset), BY_FIELD)
     assert mapped.record_id.decode() == str(value)
+
+
+def test_an_id_field_that_is_no_utf8_is_a_dead_letter_not_a_crash() -> None:
+    body = json.dumps({"id": "\ud800", "amount": 3}).encode()  # JSON may escape a lone surrogate
+    with pytest.raises(MappingFailed, match="UnicodeEncodeError"):
+        map_record(record(body, offset=1), BY_FIELD)
 
 
 def test_an_id_field_holding_nul_is_refused() -> None:

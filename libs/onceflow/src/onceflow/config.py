@@ -14,7 +14,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from onceflow.redis_urls import parse_sentinel_url
-from onceflow.topology import LOCALHOST, Service, hops_of
+from onceflow.topology import LOCALHOST, Hop, Service, hops_of
 
 
 def repo_root() -> Path:
@@ -379,3 +379,22 @@ def instance_setting(service: Service) -> Any:
         default=f"{service.name}-0",
         description=f"A name stable across restarts: {named} from it, so a restarted instance fences its own zombie.",
     )
+
+
+class ServiceSettings(BaseSettings):
+    """What every service's settings share. A service declares its own `common` (saying which of
+    the common settings it uses), `port`, `metrics_port` and `instance` (their defaults are the
+    service's, from `topology.SERVICES`) and whatever else is its own; its consumer groups and
+    transactional ids are derived from the topology's hops here, never spelt out."""
+
+    common: CommonSettings
+    host: str = host_setting()
+    instance: str
+
+    def group_id_of(self, hop: Hop, job: str = "") -> str:
+        return hop.group_id(self.common.topic_prefix, job)
+
+    def transactional_id_of(self, hop: Hop, job: str = "", instance: str = "") -> str:
+        """``instance``: another name than this instance's (a source on another cluster is one
+        owner per topic, named by the cluster's id)."""
+        return hop.transactional_id(self.common.topic_prefix, instance or self.instance, job)

@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from onceflow import topology
 from onceflow.config import (
+    ServiceSettings,
     CommonSettings,
     LoopSettings,
     grpc_port_setting,
-    host_setting,
     instance_setting,
     metrics_port_setting,
 )
 
 
-class AckerSettings(BaseSettings):
+class AckerSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="ONCEFLOW_ACKER_", extra="ignore")
 
     common: CommonSettings = Field(
@@ -29,18 +29,9 @@ class AckerSettings(BaseSettings):
         description="The acker's loop over `acker.acks`; `ONCEFLOW_LOOP_PUNCTUATE_MS` is also the interval of its "
         "timeout sweep.",
     )
-    host: str = host_setting()
     port: int = grpc_port_setting(topology.ACKER_SERVICE)
     metrics_port: int = metrics_port_setting(topology.ACKER_SERVICE)
     instance: str = instance_setting(topology.ACKER_SERVICE)
     default_timeout_ms: int = Field(
         default=30_000, ge=100, description="The timeout of a tree whose INIT names none (ingest always names one)."
     )
-
-    @property
-    def transactional_id(self) -> str:
-        return topology.ACKER.transactional_id(self.common.topic_prefix, self.instance)
-
-    @property
-    def group_id(self) -> str:
-        return topology.ACKER.group_id(self.common.topic_prefix)

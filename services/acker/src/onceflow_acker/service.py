@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from onceflow import topology
 from onceflow.admin import ServiceServer
 from onceflow.admin.loop_controls import LoopControls
 from onceflow.runner import run_loop_service
 from onceflow.state.store import MemoryStore
-from onceflow.state.stores import Changelog
+from onceflow.state.stores import memory_store
 from onceflow.topology import Topic
 from onceflow.txn import TransactionalLoop
 from onceflow.v1 import acker_pb2, acker_pb2_grpc
@@ -20,15 +21,9 @@ def build(settings: AckerSettings) -> tuple[TransactionalLoop[MemoryStore], Serv
     common = settings.common
     stats = AckerStats()
     ingest_topic = common.topic(Topic.INGEST_RECORDS)
-    loop = TransactionalLoop(
-        stage=AckerStage(common.topic(Topic.ACKER_EVENTS), ingest_topic, settings.default_timeout_ms, stats),
-        common=common,
-        settings=settings.loop,
-        input_topic=common.topic(Topic.ACKER_ACKS),
-        group_id=settings.group_id,
-        transactional_id=settings.transactional_id,
-        dlq_topic=common.topic(Topic.ACKER_DLQ),
-        changelog=Changelog.in_memory(common.topic(Topic.ACKER_CHANGELOG)),
+    loop = TransactionalLoop.for_hop(
+        topology.ACKER, AckerStage(common.topic(Topic.ACKER_EVENTS), ingest_topic, settings.default_timeout_ms, stats),
+        common=common, settings=settings.loop, instance=settings.instance, store=memory_store,
     )
     assert loop.stores is not None
     stores = loop.stores

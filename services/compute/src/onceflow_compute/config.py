@@ -5,20 +5,19 @@ from __future__ import annotations
 import enum
 
 from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from onceflow import topology
 from onceflow.config import (
+    ServiceSettings,
     CommonSettings,
     LoopSettings,
     grpc_port_setting,
-    host_setting,
     instance_setting,
     metrics_port_setting,
 )
 
 # A job's two hops, by the name the service and its admin calls use.
-_HOPS = {"map": topology.COMPUTE_MAP, "merge": topology.COMPUTE_MERGE}
 
 
 class EngineName(str, enum.Enum):
@@ -26,7 +25,7 @@ class EngineName(str, enum.Enum):
     PANDAS = "pandas"  # the benchmark's in-process baseline: aggregations without prepare only
 
 
-class ComputeSettings(BaseSettings):
+class ComputeSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="ONCEFLOW_COMPUTE_", extra="ignore")
 
     common: CommonSettings = Field(
@@ -64,7 +63,6 @@ class ComputeSettings(BaseSettings):
         description="Partitions of the job's own topics when this worker creates them (a rescale: `onceflow job deploy "
         "--partitions N`); 0: as infra/topics.toml declares. Topics that exist keep theirs.",
     )
-    host: str = host_setting()
     port: int = grpc_port_setting(topology.COMPUTE_SERVICE)
     metrics_port: int = metrics_port_setting(topology.COMPUTE_SERVICE)
     instance: str = instance_setting(topology.COMPUTE_SERVICE)
@@ -172,10 +170,3 @@ class ComputeSettings(BaseSettings):
                 "min_cycle_ms": self.min_cycle_ms,
             }
         )
-
-    def transactional_id(self, job: str, hop: str) -> str:
-        return _HOPS[hop].transactional_id(self.common.topic_prefix, self.instance, job)
-
-    def group_id(self, job: str, hop: str) -> str:
-        """One consumer group per job and hop: the workers of a job split its partitions."""
-        return _HOPS[hop].group_id(self.common.topic_prefix, job)

@@ -12,7 +12,7 @@ import time
 
 from confluent_kafka import KafkaException
 
-from onceflow import metrics, readers, streams
+from onceflow import metrics, readers, streams, topology
 from onceflow.admin import FixedControls, ServiceServer
 from onceflow.admin.loop_controls import LoopControls
 from onceflow.codec import now_ms
@@ -22,7 +22,7 @@ from onceflow.kafka.topics import ensure_topics, job_specs
 from onceflow.runner import on_stop_signals, run_loop_service
 from onceflow.service_main import EXIT_USAGE
 from onceflow.state.store import MemoryStore
-from onceflow.state.stores import Changelog
+from onceflow.state.stores import memory_store
 from onceflow.topology import Topic, job_topic, versioned
 from onceflow.txn import TransactionalLoop
 from onceflow.v1 import compute_pb2, compute_pb2_grpc
@@ -102,7 +102,7 @@ def find_stream(settings: ComputeSettings, job: Job) -> bool:
                 log.info("created stream %s (ONCEFLOW_COMPUTE_CREATE_STREAM)", streams.display(job.stream))
             if not streams.lookup(common, job.stream):
                 return False
-            log.info("job %s reads %s", job.name, streams.reading(common, job.stream, settings.group_id(job.name, "map")))
+            log.info("job %s reads %s", job.name, streams.reading(common, job.stream, settings.group_id_of(topology.COMPUTE_MAP, job.name)))
             return True
         except (KafkaException, TimeoutError) as exc:
             log.warning("looking up stream %s: %s; retrying", streams.display(job.stream), exc)
@@ -179,30 +179,19 @@ def build(
         WatermarkTracker(settings.watermark_bound_ms, settings.idle_timeout_ms),
         event_time,
     )
-    map_loop = TransactionalLoop(
-        stage=map_stage,
-        common=common,
-        settings=settings.map_loop,
-        input_topic=input_topic,
-        group_id=settings.group_id(job.name, "map"),
-        transactional_id=settings.transactional_id(job.name, "map"),
-        dlq_topic=common.topic(Topic.COMPUTE_DLQ),
+    map_loop = TransactionalLoop.for_hop(
+        topology.COMPUTE_MAP, map_stage, common=common, settings=settings.map_loop, instance=settings.instance,
+        job=job.name, input_topic=input_topic,
         # A windowed job's map hop keeps each input partition's newest event time.
-        changelog=Changelog.in_memory(common.topic(Topic.COMPUTE_EVENTTIME)) if windowed else None,
+        store=memory_store if windowed else None,
     )
     loops = [map_loop]
     stores = None
     if not isinstance(job, Transform):
         merge_stage = merge_stage_for(job, common.topic(Topic.COMPUTE_RESULTS), counts)
-        merge_loop = TransactionalLoop(
-            stage=merge_stage,
-            common=common,
-            settings=settings.loop,
-            input_topic=partials_topic,
-            group_id=settings.group_id(job.name, "merge"),
-            transactional_id=settings.transactional_id(job.name, "merge"),
-            dlq_topic=common.topic(Topic.COMPUTE_DLQ),
-            changelog=Changelog.in_memory(common.topic(job_topic(Topic.COMPUTE_CHANGELOG, job.name))),
+        merge_loop = TransactionalLoop.for_hop(
+            topology.COMPUTE_MERGE, merge_stage, common=common, settings=settings.loop, instance=settings.instance,
+            job=job.name, store=memory_store,
         )
         loops.append(merge_loop)
         stores = merge_loop.stores

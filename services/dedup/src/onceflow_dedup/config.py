@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from onceflow import topology
 from onceflow.config import (
+    ServiceSettings,
     CommonSettings,
     LoopSettings,
     grpc_port_setting,
-    host_setting,
     instance_setting,
     metrics_port_setting,
 )
@@ -19,7 +19,7 @@ from onceflow_dedup.buckets import BucketSpec
 from onceflow_dedup.gate import AckMode
 
 
-class DedupSettings(BaseSettings):
+class DedupSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="ONCEFLOW_DEDUP_", extra="ignore")
 
     common: CommonSettings = Field(
@@ -33,7 +33,6 @@ class DedupSettings(BaseSettings):
         description="The gate's loop over `ingest.records`; every `ONCEFLOW_LOOP_PUNCTUATE_MS` it also drops the buckets "
         "past the horizon (GC).",
     )
-    host: str = host_setting()
     port: int = grpc_port_setting(topology.DEDUP_SERVICE)
     metrics_port: int = metrics_port_setting(topology.DEDUP_SERVICE)
     instance: str = instance_setting(topology.DEDUP_SERVICE)
@@ -86,11 +85,3 @@ class DedupSettings(BaseSettings):
     @property
     def spec(self) -> BucketSpec:
         return BucketSpec(self.bucket_ms, self.horizon_ms, self.expected_per_bucket, self.false_positive_rate)
-
-    @property
-    def transactional_id(self) -> str:
-        return topology.DEDUP.transactional_id(self.common.topic_prefix, self.instance)
-
-    @property
-    def group_id(self) -> str:
-        return topology.DEDUP.group_id(self.common.topic_prefix)

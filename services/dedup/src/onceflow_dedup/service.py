@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 
-from onceflow import streams
+from onceflow import streams, topology
 from onceflow.admin import ServiceServer
 from onceflow.admin.loop_controls import LoopControls
 from onceflow.kafka.inspect import partitions_of
@@ -13,8 +13,6 @@ from onceflow.readers import ReaderDirectory
 from onceflow.redis_client import connect
 from onceflow.runner import run_loop_service
 from onceflow.state.redis_store import RedisWatch
-from onceflow.state.stores import Changelog
-from onceflow.topology import Topic
 from onceflow.txn import TransactionalLoop
 from onceflow.v1 import dedup_pb2, dedup_pb2_grpc
 
@@ -36,26 +34,16 @@ def build(settings: DedupSettings) -> tuple[TransactionalLoop[exact.DedupStore],
         common.topic_prefix, settings.ack_mode, settings.rekey, settings.gc_limit, streams.directory(common).exists,
         readers.readers_of,
     )
-    input_topic = common.topic(Topic.INGEST_RECORDS)
-    loop = TransactionalLoop(
-        stage=gate,
-        common=common,
-        settings=settings.loop,
-        input_topic=input_topic,
-        group_id=settings.group_id,
-        transactional_id=settings.transactional_id,
-        dlq_topic=common.topic(Topic.DEDUP_DLQ),
-        changelog=Changelog(
-            common.topic(Topic.DEDUP_CHANGELOG),
-            lambda partition: exact.DedupStore(
-                client, common.topic_prefix, partition, spec, use_filters=settings.filters_enabled, watch=watch,
-                wait_replicas=common.redis_wait_replicas, wait_timeout_ms=common.redis_wait_timeout_ms,
-            ),
+    loop = TransactionalLoop.for_hop(
+        topology.DEDUP, gate, common=common, settings=settings.loop, instance=settings.instance,
+        store=lambda partition: exact.DedupStore(
+            client, common.topic_prefix, partition, spec, use_filters=settings.filters_enabled, watch=watch,
+            wait_replicas=common.redis_wait_replicas, wait_timeout_ms=common.redis_wait_timeout_ms,
         ),
     )
     assert loop.stores is not None
     stores = loop.stores
-    input_partitions = functools.cache(lambda: len(partitions_of(common, input_topic)))
+    input_partitions = functools.cache(lambda: len(partitions_of(common, loop.input_topic)))
     admin = DedupAdminServicer(gate, stores, client, common.topic_prefix, spec, input_partitions)
 
     def gauges() -> dict[str, float]:

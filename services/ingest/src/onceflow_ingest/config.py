@@ -7,15 +7,15 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from onceflow import topology
 from onceflow.producers import Producers, is_loopback
 from onceflow.config import (
+    ServiceSettings,
     CommonSettings,
     LoopSettings,
     grpc_port_setting,
-    host_setting,
     instance_setting,
     metrics_port_setting,
 )
@@ -24,7 +24,7 @@ from onceflow.config import (
 RequireProducer = Literal["auto", "true", "false"]
 
 
-class IngestSettings(BaseSettings):
+class IngestSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="ONCEFLOW_INGEST_", extra="ignore")
 
     common: CommonSettings = Field(
@@ -32,7 +32,6 @@ class IngestSettings(BaseSettings):
         description="Ingest uses the Kafka ones, the topic prefix, the transaction timeout, the tokens (Ingest, "
         "IngestStream and health are always open: docs/admin.md), TLS and the log level; it needs no Redis.",
     )
-    host: str = host_setting()
     port: int = grpc_port_setting(topology.INGEST_SERVICE)
     metrics_port: int = metrics_port_setting(topology.INGEST_SERVICE)
     instance: str = instance_setting(topology.INGEST_SERVICE)
@@ -189,12 +188,5 @@ class IngestSettings(BaseSettings):
 
     @property
     def transactional_id(self) -> str:
-        return topology.INGEST.transactional_id(self.common.topic_prefix, self.instance)
-
-    @property
-    def replayer_transactional_id(self) -> str:
-        return topology.INGEST_REPLAYER.transactional_id(self.common.topic_prefix, self.instance)
-
-    @property
-    def replayer_group_id(self) -> str:
-        return topology.INGEST_REPLAYER.group_id(self.common.topic_prefix)
+        """The group committer's: ingest's spout, which no consumer loop runs."""
+        return self.transactional_id_of(topology.INGEST)

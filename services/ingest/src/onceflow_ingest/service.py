@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from confluent_kafka import KafkaException
 
-from onceflow import metrics, spout, streams
+from onceflow import metrics, spout, streams, topology
 from onceflow.admin import RESERVED_FOR_ADMIN, STREAM_THREADS, ServiceServer, StatusSnapshot
 from onceflow.kafka.inspect import wait_partition_count
 from onceflow.runner import on_stop_signals
@@ -67,14 +68,9 @@ class IngestService:
                 OriginalFetcher(common, ingest_topic), ingest_topic, common.topic(Topic.INGEST_DLQ),
                 common.topic(Topic.ACKER_ACKS), settings.max_attempts, settings.tree_timeout_ms, replay=settings.replay,
             )
-            self.replayer = TransactionalLoop(
-                stage=self.replay_stage,
-                common=common,
-                settings=settings.loop,
-                input_topic=common.topic(Topic.ACKER_EVENTS),
-                group_id=settings.replayer_group_id,
-                transactional_id=settings.replayer_transactional_id,
-                dlq_topic=common.topic(Topic.INGEST_DLQ),
+            self.replayer = TransactionalLoop.for_hop(
+                topology.INGEST_REPLAYER, self.replay_stage, common=common, settings=settings.loop,
+                instance=settings.instance,
             )
         self.committer = GroupCommitter(
             common,
@@ -127,22 +123,27 @@ class IngestService:
     def pause(self) -> str:
         self._state = "PAUSED"
         self.servicer.accepting.clear()
+        if self.replayer is not None:
+            self.replayer.pause()  # replays are records ingest writes too
         return self._state
 
     def resume(self) -> str:
         self._state = "RUNNING"
         self.servicer.accepting.set()
+        if self.replayer is not None:
+            self.replayer.resume()
         return self._state
 
     def drain(self, timeout_s: float) -> tuple[str, bool]:
+        """Refuse calls and stop replaying; drained once every accepted record (every tree, with
+        acking) is decided and the replayer has committed what it took."""
         self.pause()
         self._state = "DRAINED"
-        deadline = threading.Event()
-        waited = 0.0
-        while self.committer.pending and waited < timeout_s:
-            deadline.wait(0.05)
-            waited += 0.05
-        return self._state, self.committer.pending == 0
+        deadline = time.monotonic() + timeout_s
+        replayed = self.replayer is None or self.replayer.drain(timeout_s)
+        while self.committer.pending and time.monotonic() < deadline:
+            self._stop.wait(0.05)
+        return self._state, replayed and self.committer.pending == 0
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -158,6 +159,9 @@ class IngestService:
                 log.error("cannot find where acker.events ends (%s); exiting so a new process tries again", exc)
                 return EXIT_RESTART
             replayer = self.replayer
+            # A replayer that cannot make progress (its stage failing, its store unavailable)
+            # turns ingest NOT_SERVING, as any other hop does its service.
+            replayer.health_listener = self.server.set_serving
             replay_thread = threading.Thread(target=lambda: replay_exit.append(replayer.run()), name="ingest-replayer")
             replay_thread.start()
         self.committer.start()

@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from onceflow import topology
 from onceflow.config import (
+    ServiceSettings,
     CommonSettings,
     LoopSettings,
     grpc_port_setting,
-    host_setting,
     instance_setting,
     metrics_port_setting,
 )
 
 
-class SinkSettings(BaseSettings):
+class SinkSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="ONCEFLOW_SINK_", extra="ignore")
 
     common: CommonSettings = Field(
@@ -30,7 +30,6 @@ class SinkSettings(BaseSettings):
         description="How the sink batches `compute.results` (records per poll, the longest idle wait for a first "
         "record, the wait for more after it) and backs off while Redis is unavailable.",
     )
-    host: str = host_setting()
     port: int = grpc_port_setting(topology.SINK_SERVICE)
     metrics_port: int = metrics_port_setting(topology.SINK_SERVICE)
     instance: str = instance_setting(topology.SINK_SERVICE)
@@ -39,11 +38,3 @@ class SinkSettings(BaseSettings):
         description="Ack the applied changes' anchors to the acker, which ends their trees (off when nothing tracks the "
         "trees).",
     )
-
-    @property
-    def transactional_id(self) -> str:
-        return topology.SINK.transactional_id(self.common.topic_prefix, self.instance)
-
-    @property
-    def group_id(self) -> str:
-        return topology.SINK.group_id(self.common.topic_prefix)

@@ -39,16 +39,13 @@ def add_servicers(server: grpc.Server, common: CommonSettings, tables: ResultTab
     jobs_pb2_grpc.add_JobAdminServicer_to_server(JobAdminServicer(common, tables), server)
 
 
-def run(settings: SinkSettings) -> int:
+def build(settings: SinkSettings) -> tuple[SinkWorker, ServiceServer, RegistryFollower]:
     common = settings.common
     client = connect(common.redis_url)
     client.ping()  # fail at startup, with the URL in the error, rather than at the first batch
     tables = ResultTables(client, common.topic_prefix, common.redis_wait_replicas, common.redis_wait_timeout_ms)
     follower = RegistryFollower(common, tables)
-    worker = SinkWorker(
-        common, settings.loop, tables, settings.group_id, settings.transactional_id, settings.acking,
-        retired=follower.retired,
-    )
+    worker = SinkWorker(common, settings.loop, tables, settings.instance, settings.acking, retired=follower.retired)
     server = ServiceServer.for_service(
         "sink", settings, LoopControls(worker, lambda: gauges(worker, follower)),
         add_servicers=lambda server: add_servicers(server, common, tables),
@@ -56,6 +53,11 @@ def run(settings: SinkSettings) -> int:
             sink_pb2.DESCRIPTOR.services_by_name["Query"].full_name, jobs_pb2.DESCRIPTOR.services_by_name["JobAdmin"].full_name,
         ),
     )
+    return worker, server, follower
+
+
+def run(settings: SinkSettings) -> int:
+    worker, server, follower = build(settings)
     follower.start()
     # A start that replays compute.results (a new Redis, a rebuild) then skips retired versions
     # from its first batch rather than rebuild their tables for the follower to drop.

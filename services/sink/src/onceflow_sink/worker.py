@@ -35,12 +35,11 @@ from dataclasses import dataclass
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 from prometheus_client import Counter
 
-from onceflow import acks, faults, metrics
+from onceflow import acks, faults, metrics, topology
 from onceflow.codec import now_ms
 from onceflow.config import CommonSettings, LoopSettings
 from onceflow.kafka.records import offset_of, partition_of
 from onceflow.state.store import StoreUnavailable
-from onceflow.topology import Topic
 from onceflow.txn.driver import ConsumerDriver, LoopStats
 from onceflow.txn.errors import FencedError
 from onceflow.txn.letter_log import LETTERS
@@ -86,20 +85,23 @@ class SinkWorker(ConsumerDriver):
     fenced script call; dead letters and acks go to Kafka in transactions of their own."""
 
     def __init__(
-        self, common: CommonSettings, loop: LoopSettings, tables: ResultTables, group_id: str, transactional_id: str,
+        self, common: CommonSettings, loop: LoopSettings, tables: ResultTables, instance: str,
         acking: bool, retired: Callable[[], frozenset[str]] = frozenset,
     ) -> None:
-        """``retired``: the names of the job versions whose changes are skipped (``orders@1``)."""
+        """The sink hop as `topology.SINK` declares it, as ``instance``. ``retired``: the names
+        of the job versions whose changes are skipped (``orders@1``)."""
         self.stats: SinkStats
+        hop, prefix = topology.SINK, common.topic_prefix
+        assert hop.input is not None
         super().__init__(
-            name="sink", common=common, settings=loop, input_topic=common.topic(Topic.COMPUTE_RESULTS),
-            group_id=group_id, transactional_id=transactional_id, stats=SinkStats(),
+            name="sink", common=common, settings=loop, input_topic=common.topic(hop.input),
+            group_id=hop.group_id(prefix), transactional_id=hop.transactional_id(prefix, instance), stats=SinkStats(),
         )
         self._tables = tables
         self._acking = acking
         self._retired = retired
         self.topic = self.input_topic
-        self._dlq = common.topic(Topic.SINK_DLQ)
+        self.dlq_topic = common.topic(hop.dlq)
         self.owned: dict[int, Ownership] = {}
         self._next_audit = 0.0
         self._unavailable = 0  # consecutive StoreUnavailable, for the backoff
@@ -258,7 +260,7 @@ class SinkWorker(ConsumerDriver):
                     source_topic=record.topic() or "", source_partition=partition, source_offset=record.offset(),
                     failed_at_ms=now_ms(),
                 )
-                producer.produce(self._dlq, letter.SerializeToString(), key=record.key())
+                producer.produce(self.dlq_topic, letter.SerializeToString(), key=record.key())
             producer.send_offsets([TopicPartition(self.topic, partition, last + 1)], consumer)
 
         result = producer.transact(write)

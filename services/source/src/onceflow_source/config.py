@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from onceflow import topology
-from onceflow.config import CommonSettings, LoopSettings, grpc_port_setting, host_setting, metrics_port_setting
+from onceflow.config import CommonSettings, LoopSettings, ServiceSettings, grpc_port_setting, metrics_port_setting
 from onceflow.spout import Limits
 
 
-class SourceSettings(BaseSettings):
+class SourceSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="ONCEFLOW_SOURCE_", extra="ignore")
 
     common: CommonSettings = Field(
@@ -53,7 +53,6 @@ class SourceSettings(BaseSettings):
         "dedup horizon has passed since its last copy.",
         pattern=r"^([A-Za-z0-9_.:-]{1,100})?$",
     )
-    host: str = host_setting()
     port: int = grpc_port_setting(topology.SOURCE_SERVICE)
     metrics_port: int = metrics_port_setting(topology.SOURCE_SERVICE)
     instance: str = Field(
@@ -96,16 +95,3 @@ class SourceSettings(BaseSettings):
     @property
     def limits(self) -> Limits:
         return Limits(self.max_payload_bytes, self.max_key_bytes, max_record_bytes=self.max_record_bytes)
-
-    @property
-    def group_id(self) -> str:
-        return topology.SOURCE.group_id(self.common.topic_prefix, job=self.topic)
-
-    @property
-    def transactional_id(self) -> str:
-        return topology.SOURCE.transactional_id(self.common.topic_prefix, self.instance, job=self.topic)
-
-    def external_transactional_id(self, cluster_id: str) -> str:
-        """A topic on another cluster has one owner of all its partitions: every instance that
-        copies it shares this id, so the newest fences any other (ADR 0017)."""
-        return topology.SOURCE.transactional_id(self.common.topic_prefix, cluster_id, job=self.topic)

@@ -14,7 +14,7 @@ import sys
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from onceflow import streams
+from onceflow import streams, topology
 from onceflow.admin import ServiceServer
 from onceflow.admin.loop_controls import LoopControls
 from onceflow.kafka import clients
@@ -131,20 +131,14 @@ def build(
         InFlightTrees(max_attempts=1) if settings.acking else None,
     )
     inner = (
-        GroupIntake(common, settings.group_id, settings.topic, settings.loop.session_timeout_ms)
+        GroupIntake(common, settings.group_id_of(topology.SOURCE, job=settings.topic), settings.topic, settings.loop.session_timeout_ms)
         if external is None
         else ExternalIntake(common, external, common.topic(Topic.SOURCE_OFFSETS))
     )
     intake = IdentityIntake(inner, admin, settings.topic, origin)
-    loop = TransactionalLoop(
-        stage=stage,
-        common=common,
-        settings=settings.loop,
-        input_topic=settings.topic,
-        group_id=settings.group_id,
-        transactional_id=transactional_id(settings, external),
-        dlq_topic=common.topic(Topic.SOURCE_DLQ),
-        intake=intake,
+    loop = TransactionalLoop.for_hop(
+        topology.SOURCE, stage, common=common, settings=settings.loop, instance=owner(settings, external),
+        job=settings.topic, input_topic=settings.topic, intake=intake,
     )
     intake.stop = loop.stopping
     if stage.trees is not None:
@@ -160,8 +154,15 @@ def build(
     return loop, server, stage
 
 
+def owner(settings: SourceSettings, external: ExternalTopic | None) -> str:
+    """What the source's transactional id is named by: this instance, or for a topic on another
+    cluster that cluster's id, so every instance copying it shares the id and the newest fences
+    any other (one owner of all its partitions, ADR 0017)."""
+    return settings.instance if external is None else external.cluster_id
+
+
 def transactional_id(settings: SourceSettings, external: ExternalTopic | None) -> str:
-    return settings.transactional_id if external is None else settings.external_transactional_id(external.cluster_id)
+    return settings.transactional_id_of(topology.SOURCE, job=settings.topic, instance=owner(settings, external))
 
 
 def run(settings: SourceSettings) -> int:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import grpc
 
+from onceflow import topology
 from onceflow.config import CommonSettings, LoopSettings, repo_root
 from onceflow.kafka import clients
 from onceflow.kafka.inspect import end_offsets
@@ -298,8 +299,8 @@ def compute(options: HopOptions) -> BacklogRun:
         # The job's partials topic is compute's to create; the watch needs it before compute starts.
         ensure_topics(common.kafka_bootstrap, prefix=common.topic_prefix, specs=job_specs(workload.JOB))
         partials = job_topic(Topic.COMPUTE_PARTIALS, workload.JOB)
-        watch = GroupWatch(common, settings.group_id(workload.JOB, "map"), common.topic(Topic.DEDUP_RECORDS))
-        merge = GroupWatch(common, settings.group_id(workload.JOB, "merge"), common.topic(partials))
+        watch = GroupWatch(common, settings.group_id_of(topology.COMPUTE_MAP, workload.JOB), common.topic(Topic.DEDUP_RECORDS))
+        merge = GroupWatch(common, settings.group_id_of(topology.COMPUTE_MERGE, workload.JOB), common.topic(partials))
         try:
             return _run_service(
                 "compute", common, options, watch, Topic.DEDUP_RECORDS, key=lambda r: r.user,

@@ -44,5 +44,7 @@ class LoopControls:
         return "RUNNING"
 
     def drain(self, timeout_s: float) -> tuple[str, bool]:
-        drained = all(loop.drain(timeout_s) for loop in self._loops)
-        return ("DRAINED" if drained else "DRAINING"), drained
+        # Every hop is asked, even after one has not drained in time: `all()` over a generator
+        # stopped at the first, and left a compute merge hop running when its map hop lagged.
+        drained = [loop.drain(timeout_s) for loop in self._loops]
+        return ("DRAINED" if all(drained) else "DRAINING"), all(drained)

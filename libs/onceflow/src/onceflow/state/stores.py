@@ -39,6 +39,11 @@ class Changelog(Generic[StoreT]):
         return Changelog(topic, lambda _partition: MemoryStore())
 
 
+def memory_store(_partition: int) -> MemoryStore:
+    """A hop's state in memory: every assignment restores the whole changelog partition."""
+    return MemoryStore()
+
+
 class PartitionStores(Generic[StoreT]):
     """One store per owned input partition; changelog partition number = input partition number."""
 

@@ -28,6 +28,7 @@ from onceflow.config import CommonSettings, LoopSettings
 from onceflow.kafka.records import offset_of, partition_of
 from onceflow.state.store import StoreDiverged, StoreT, StoreUnavailable
 from onceflow.state.stores import Changelog, PartitionStores
+from onceflow.topology import Hop, job_topic
 from onceflow.txn.batch import Batch, Stage
 from onceflow.txn.driver import ConsumerDriver, Intake
 from onceflow.txn.producer import TxnOutcome
@@ -58,7 +59,7 @@ class TransactionalLoop(ConsumerDriver, Generic[StoreT]):
             transactional_id=transactional_id, intake=intake,
         )
         self.stage = stage
-        self._dlq_topic = dlq_topic
+        self.dlq_topic = dlq_topic
         self.stores: PartitionStores[StoreT] | None = (
             PartitionStores(common, changelog.topic, changelog.store_factory, service=stage.name)
             if changelog is not None
@@ -71,6 +72,42 @@ class TransactionalLoop(ConsumerDriver, Generic[StoreT]):
         self._rollback_hook: Callable[[], None] | None = getattr(stage, "on_rollback", None)
         self._next_punctuation = 0.0
         self._next_audit = 0.0
+
+    @classmethod
+    def for_hop(
+        cls,
+        hop: Hop,
+        stage: Stage[StoreT],
+        *,
+        common: CommonSettings,
+        settings: LoopSettings,
+        instance: str,
+        job: str = "",
+        input_topic: str | None = None,
+        store: Callable[[int], StoreT] | None = None,
+        intake: Intake | None = None,
+    ) -> TransactionalLoop[StoreT]:
+        """The hop as `onceflow.topology` declares it: its input, dead letters, changelog,
+        consumer group and transactional id (``instance``'s), for ``job`` where the hop is a
+        job's. ``input_topic`` names what a hop reads when the topology cannot: a named
+        stream's topic, the source's user topic. ``store`` is the store each owned partition
+        gets; a hop that declares a changelog but is given none keeps no state (the map hop of
+        a job without event time)."""
+        prefix = common.topic_prefix
+        if input_topic is None:
+            if hop.input is None:
+                raise ValueError(f"{hop.name} is a spout: name the topic it reads (input_topic)")
+            input_topic = common.topic(job_topic(hop.input, job))
+        changelog = (
+            Changelog(common.topic(job_topic(hop.changelog, job)), store)
+            if hop.changelog is not None and store is not None
+            else None
+        )
+        return cls(
+            stage=stage, common=common, settings=settings, input_topic=input_topic,
+            group_id=hop.group_id(prefix, job), transactional_id=hop.transactional_id(prefix, instance, job),
+            dlq_topic=common.topic(job_topic(hop.dlq, job)), changelog=changelog, intake=intake,
+        )
 
     # -- the driver's hooks ----------------------------------------------------------------
 
@@ -97,7 +134,7 @@ class TransactionalLoop(ConsumerDriver, Generic[StoreT]):
 
     def _transact(self, records: list[Message], punctuate: bool = False) -> None:
         started = time.monotonic()
-        batch: Batch[StoreT] = Batch(records, self.stores, self._dlq_topic, self.stage.name, self.acks_topic, self.ack_partitions)
+        batch: Batch[StoreT] = Batch(records, self.stores, self.dlq_topic, self.stage.name, self.acks_topic, self.ack_partitions)
         try:
             if records:
                 self.stage.process(batch)
