@@ -35,8 +35,8 @@ from onceflow.kafka import clients
 from onceflow.kafka.inspect import end_offsets, partitions_of
 from onceflow.state import MemoryStore
 from onceflow.topology import Topic
-from onceflow.v1 import acker_pb2, acker_pb2_grpc
 from onceflow.v1.acker_pb2 import AckerBatch, AckerMessage, RecordRef
+from onceflow_tools import admin_client
 from onceflow_tools.infra import stack
 from onceflow_tools.infra.topics import delete_topics, ensure_topics
 from onceflow_tools.process import ServiceProcess, free_port
@@ -95,14 +95,15 @@ def _plain_consume(common: CommonSettings, topic: str, total: int) -> tuple[floa
 
     reader = clients.reader(common, **{"enable.partition.eof": False})
     reader.assign([TopicPartition(topic, p, -2) for p in partitions_of(common, topic)])
-    seen, first, latencies = 0, None, []
+    seen, first = 0, None
+    latencies: list[float] = []
     while seen < total:
         for message in reader.consume(num_messages=5000, timeout=1.0):
             if message.error():
                 continue
             first = first or time.perf_counter()
             now = now_ms()
-            for decoded in AckerBatch.FromString(message.value()).messages:
+            for decoded in AckerBatch.FromString(message.value() or b"").messages:
                 latencies.append(now - decoded.sent_at_ms)
                 seen += 1
     elapsed = time.perf_counter() - (first or time.perf_counter())
@@ -130,7 +131,7 @@ class _DeliveryProbe(threading.Thread):
             for message in self._reader.consume(num_messages=5000, timeout=0.2):
                 if message.error() is None:
                     now = now_ms()
-                    self.latencies += [now - m.sent_at_ms for m in AckerBatch.FromString(message.value()).messages]
+                    self.latencies += [now - m.sent_at_ms for m in AckerBatch.FromString(message.value() or b"").messages]
         self._reader.close()
 
 
@@ -140,10 +141,6 @@ def _pin_to_one_core(pid: int, core: int) -> None:
     os.sched_setaffinity(pid, {core})
     for task in Path(f"/proc/{pid}/task").iterdir():
         os.sched_setaffinity(int(task.name), {core})
-
-
-def _stats(stub: acker_pb2_grpc.AckerAdminStub) -> acker_pb2.AckerStatsReply:
-    return stub.Stats(acker_pb2.AckerStatsRequest(), timeout=5)
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -196,19 +193,19 @@ def main(
         acker.start()
         _pin_to_one_core(acker.pid, core)
         acker.wait_healthy(f"127.0.0.1:{port}")
-        stub = acker_pb2_grpc.AckerAdminStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
-        first = last = None
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        first: tuple[float, int] | None = None
         with console.status("acker: deciding the backlog"):
             while True:
-                stats = _stats(stub)
+                stats = admin_client.acker_stats(channel, 5)
                 now = time.perf_counter()
                 if stats.acks_processed and first is None:
                     first = (now, stats.acks_processed)
                 if stats.acks_processed >= total:
-                    last = (now, stats.acks_processed)
                     break
                 time.sleep(0.02)
-        assert first is not None and last is not None and last[0] > first[0], "backlog too small to time"
+        last = (now, stats.acks_processed)
+        assert first is not None and last[0] > first[0], "backlog too small to time"
         acker_rps = (last[1] - first[1]) / (last[0] - first[0])
         assert stats.completed == trees and stats.pending == 0, stats
         # Trees whose INIT and last ACK fell into different acker transactions cost a
@@ -224,11 +221,11 @@ def main(
         probe.start()
         with console.status(f"latency: {rate:,.0f} trees/s for {seconds:.0f}s"):
             _produce(common, topic, range(trees, trees + offered), latency_trees_per_batch, rate=rate)
-            while _stats(stub).completed < trees + offered:
+            while admin_client.acker_stats(channel, 5).completed < trees + offered:
                 time.sleep(0.2)
         probe.stop.set()
         probe.join(10)
-        stats = _stats(stub)
+        stats = admin_client.acker_stats(channel, 5)
         tail = probe.latencies
         result |= {"rate_trees_per_s": rate, "tree_latency_p50_ms": stats.tree_latency_p50_ms,
                    "tree_latency_p99_ms": stats.tree_latency_p99_ms,

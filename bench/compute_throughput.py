@@ -44,15 +44,17 @@ from rich.table import Table
 from onceflow.codec import encode_envelope, new_id, now_ms
 from onceflow.config import CommonSettings
 from onceflow.topology import Topic
+from onceflow.state import MemoryStore
 from onceflow.txn.batch import Batch
 from onceflow.v1.envelope_pb2 import Envelope
 from onceflow_tools.infra import stack
 from onceflow_tools.infra.topics import delete_topics, ensure_topics
 
-from onceflow_compute.api import METADATA_COLUMNS
+from onceflow_compute.api import METADATA_COLUMNS, Aggregation
 from onceflow_compute.config import ComputeSettings, EngineName
 from onceflow_compute.engine import Engine
 from onceflow_compute.jobs import load_job
+from onceflow_compute.map.stage import MapStage
 from onceflow_compute.service import build, make_engine
 
 console = Console(width=160)
@@ -61,17 +63,20 @@ ENGINES = (EngineName.PANDAS, EngineName.SPARK)
 
 
 
-def _payload(rng: random.Random, users: int) -> tuple[str, bytes]:
+def usersum_payload(rng: random.Random, users: int) -> tuple[str, bytes]:
+    """One usersum record drawn from ``rng``: (its user, its JSON payload)."""
     user = f"u{rng.randrange(users)}"
     return user, json.dumps({"user": user, "amount": rng.randrange(1, 1000)}).encode()
 
 
-def _produce(common: CommonSettings, records: int, users: int, seed: int = 1) -> None:
+def produce_usersum(common: CommonSettings, records: int, users: int, seed: int = 1) -> None:
+    """``records`` usersum envelopes on dedup.records, keyed by user (the same ones for the same
+    ``seed``): the backlog compute's map hop reads."""
     rng = random.Random(seed)
     producer = Producer({"bootstrap.servers": common.kafka_bootstrap, "enable.idempotence": True, "linger.ms": 5})
     topic = common.topic(Topic.DEDUP_RECORDS)
     for index in range(records):
-        user, payload = _payload(rng, users)
+        user, payload = usersum_payload(rng, users)
         envelope = Envelope(
             record_id=f"bench-{index:09d}", root_id=new_id(), edge_id=new_id(), attempt=1, event_time_ms=now_ms(),
             ingest_time_ms=now_ms(), key=user.encode(), payload=payload,
@@ -91,6 +96,7 @@ def _warm_up(engine: Engine, batch_sizes: list[int], users: int, budget_s: float
     first job of a session costs seconds, and the JVM keeps JIT-compiling Spark's own code for a
     few hundred jobs more: a worker that has run for a minute is what is measured."""
     job = load_job(JOB)
+    assert isinstance(job, Aggregation), job
     rng = random.Random(2)
     tables = []
     for size in batch_sizes:
@@ -110,7 +116,7 @@ def _warm_up(engine: Engine, batch_sizes: list[int], users: int, budget_s: float
         for table, jobs in tables:
             for _ in range(jobs):
                 started = time.monotonic()
-                engine.partials(job, table)  # type: ignore[arg-type]
+                engine.partials(job, table)
                 seconds.append(time.monotonic() - started)
     return seconds
 
@@ -119,15 +125,15 @@ def _warm_up(engine: Engine, batch_sizes: list[int], users: int, budget_s: float
 class TimedStage:
     """The map stage, timed: when each transaction committed and how long process() took."""
 
-    inner: Any
+    inner: MapStage
     commits: list[tuple[float, int]] = field(default_factory=list)
     process_seconds: list[float] = field(default_factory=list)
+    name: str = field(init=False)
 
-    @property
-    def name(self) -> str:
-        return self.inner.name
+    def __post_init__(self) -> None:
+        self.name = self.inner.name
 
-    def process(self, batch: Batch) -> None:
+    def process(self, batch: Batch[MemoryStore]) -> None:
         started = time.perf_counter()
         self.inner.process(batch)
         took = time.perf_counter() - started
@@ -157,6 +163,7 @@ def _run(prefix: str, engine: EngineName, batch: int, records: int, batch_ms: in
     run_id = uuid.uuid4().hex[:6]
     loop.group_id = f"{loop.group_id}-{run_id}"  # every run reads the backlog from its start
     loop.transactional_id = f"{loop.transactional_id}-{run_id}"
+    assert isinstance(loop.stage, MapStage), loop.stage
     timed = TimedStage(loop.stage)
     loop.stage = timed
     exit_codes: list[int] = []
@@ -218,7 +225,7 @@ def main(
     runs: dict[str, list[dict[str, float]]] = {}
     try:
         with console.status(f"producing {backlog:,} envelopes ({users:,} users) to {common.topic('dedup.records')}"):
-            _produce(common, backlog, users)
+            produce_usersum(common, backlog, users)
         with console.status("starting Spark and warming it up"):
             started = time.monotonic()
             settings = ComputeSettings(common=common, job=JOB, engine=EngineName.SPARK)
@@ -255,16 +262,16 @@ def main(
         pandas_runs, spark_runs = runs[f"pandas {size}"], runs[f"spark {size}"]
         ratios = [s["records_per_s"] / p["records_per_s"] for s, p in zip(spark_runs, pandas_runs, strict=True)]
         summary[f"ratio_{size}"] = statistics.median(ratios)
-        for engine, engine_runs in (("pandas", pandas_runs), ("spark", spark_runs)):
-            summary[f"{engine}_{size}_records_per_s"] = _median(engine_runs, "records_per_s")
+        for engine_name, engine_runs in (("pandas", pandas_runs), ("spark", spark_runs)):
+            summary[f"{engine_name}_{size}_records_per_s"] = _median(engine_runs, "records_per_s")
             table.add_row(
-                f"{size:,}", engine,
+                f"{size:,}", engine_name,
                 _span([r["records_per_s"] for r in engine_runs], ",.0f"),
                 _span([r["latency_p50_ms"] for r in engine_runs], ",.0f"),
                 _span([r["latency_p99_ms"] for r in engine_runs], ",.0f"),
                 _span([r["engine_p50_ms"] for r in engine_runs], ",.1f"),
                 str(int(_median(engine_runs, "batches"))),
-                "" if engine == "pandas" else _span(ratios, ".2f") + "×",
+                "" if engine_name == "pandas" else _span(ratios, ".2f") + "×",
             )
     console.print(table)
     target = summary.get("ratio_10000")

@@ -29,9 +29,10 @@ from rich.table import Table
 from onceflow.codec import encode_envelope, new_id, now_ms
 from onceflow.config import CommonSettings, repo_root
 from onceflow.redis_client import connect, delete_prefix
+from onceflow.state.redis_store import as_bytes
 from onceflow.topology import Topic
-from onceflow.v1 import dedup_pb2, dedup_pb2_grpc
 from onceflow.v1.envelope_pb2 import Envelope
+from onceflow_tools import admin_client
 from onceflow_tools.infra import stack
 from onceflow_tools.infra.topics import delete_topics, ensure_topics
 from onceflow_tools.process import ServiceProcess, free_port
@@ -88,10 +89,9 @@ def _run_gate(records: int, duplicate_share: float, filters: bool) -> dict[str, 
         gate.start()
         gate.wait_healthy(f"127.0.0.1:{port}")
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            stub = dedup_pb2_grpc.DedupAdminStub(channel)
             first = None
             while True:
-                stats = stub.Stats(dedup_pb2.DedupStatsRequest(), timeout=5)
+                stats = admin_client.dedup_stats(channel, 5)
                 done = stats.passed + stats.dropped
                 now = time.perf_counter()
                 if done and first is None:
@@ -155,7 +155,7 @@ def _restore_cost(ids: int) -> dict[str, float]:
             stable[i % 10].add(rid)
         client.hset(snapshot_key, mapping={str(b): bloom.save_bytes() for b, bloom in enumerate(stable)})
         started = time.perf_counter()
-        loaded = [Bloom.load_bytes(v, _stable_hash) for v in client.hgetall(snapshot_key).values()]
+        loaded = [Bloom.load_bytes(as_bytes(v), _stable_hash) for v in client.hgetall(snapshot_key).values()]
         snapshot_s = time.perf_counter() - started
         assert len(loaded) == 10
 

@@ -43,7 +43,8 @@ from onceflow.codec import decode_envelope, encode_envelope, new_id, now_ms
 from onceflow.config import CommonSettings
 from onceflow.kafka.inspect import consumed_everything
 from onceflow.topology import Topic
-from onceflow.txn.batch import Batch
+from onceflow.state import MemoryStore
+from onceflow.txn.batch import Batch, Stage
 from onceflow.v1.envelope_pb2 import Envelope
 from onceflow_tools.infra import stack
 from onceflow_tools.infra.topics import delete_topics, ensure_topics
@@ -61,19 +62,19 @@ BASELINE = "nexmark_q0"
 class LatencyStage:
     """The map stage, timed per record: commit time − the envelope's ingest time."""
 
-    inner: Any
+    inner: Stage[MemoryStore]
     latencies_ms: list[float] = field(default_factory=list)
     commits: list[float] = field(default_factory=list)
     recording: bool = False
+    name: str = field(init=False)
 
-    @property
-    def name(self) -> str:
-        return self.inner.name
+    def __post_init__(self) -> None:
+        self.name = self.inner.name
 
     def __getattr__(self, name: str) -> Any:  # on_assign/on_revoke/on_rollback hooks
         return getattr(self.inner, name)
 
-    def process(self, batch: Batch) -> None:
+    def process(self, batch: Batch[MemoryStore]) -> None:
         self.inner.process(batch)
         ingested = [decode_envelope(r.value()).ingest_time_ms for r in batch.records] if self.recording else []
 
@@ -225,7 +226,7 @@ def main(
             )
 
     def median(query: str, key: str) -> float:
-        return statistics.median(r[key] for r in runs[query])
+        return float(statistics.median(r[key] for r in runs[query]))
 
     table = Table(title=f"Nexmark on one compute worker ({events:,} events per backlog, latency at {load:.0%} of throughput)")
     for column in ("query", "events/s", "× q0", "offered/s", "p50 ms", "p99 ms", "p99 × q0", "merge txn p99 ms"):

@@ -39,7 +39,7 @@ from onceflow_tools.jobs import lifecycle
 from onceflow_tools.process import ServiceProcess, free_port, pipeline_service
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compute_throughput import _produce  # noqa: E402 - the same records as the throughput bench
+from compute_throughput import produce_usersum  # noqa: E402 - the same records as the throughput bench
 
 console = Console(width=140)
 JOB = "usersum"
@@ -95,14 +95,14 @@ def main(
     processes = [sink]
     try:
         console.print(f"writing {records:,} records of history to {prefix}dedup.records ...")
-        _produce(common, records, users, seed=1)
+        produce_usersum(common, records, users, seed=1)
         v1 = lifecycle.deploy(common, JOB, start=False)
         processes.append(worker(common, v1, log_dir, engine))
         follow(common, v1.name, records, timeout_s)
         lifecycle.promote(common, JOB, 1, wait_s=timeout_s)
         console.print(f"{v1.name} built and live; writing a fresh stream of {live_records:,} records ...")
         produced_at = time.monotonic()
-        _produce(common, live_records, users, seed=2)
+        produce_usersum(common, live_records, users, seed=2)
         produce_s = time.monotonic() - produced_at
         first, last = follow(common, v1.name, records + live_records, timeout_s)
         live_rate = live_records / max(1e-9, last - min(first, produced_at))

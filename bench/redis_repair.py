@@ -24,6 +24,7 @@ import time
 import uuid
 from pathlib import Path
 
+import redis
 import typer
 from confluent_kafka import Producer
 from rich.console import Console
@@ -61,7 +62,7 @@ def _replay_times(sink: ServiceProcess, partitions: set[int]) -> dict[int, float
         time.sleep(0.1)
 
 
-def _wait_rows(client, table_key: str, rows: int, sink: ServiceProcess) -> float:  # type: ignore[no-untyped-def]
+def _wait_rows(client: redis.Redis, table_key: str, rows: int, sink: ServiceProcess) -> float:
     """Seconds until the table holds ``rows`` rows (cheap HLEN polls; the caller compares values)."""
     started = time.perf_counter()
     while client.hlen(table_key) < rows:

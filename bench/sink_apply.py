@@ -18,6 +18,7 @@ import time
 import uuid
 from pathlib import Path
 
+import redis
 import typer
 from confluent_kafka import Producer
 from rich.console import Console
@@ -48,7 +49,7 @@ def _changes(count: int, seed: int = 1) -> list[Change]:
     ]
 
 
-def _plain(client, table_key: str, batches: list[list[Change]]) -> float:  # type: ignore[no-untyped-def]
+def _plain(client: redis.Redis, table_key: str, batches: list[list[Change]]) -> float:
     started = time.perf_counter()
     for batch in batches:
         with client.pipeline(transaction=False) as pipe:
@@ -66,19 +67,16 @@ def _exactly_once(tables: ResultTables, batches: list[list[Change]], checked: bo
     (the expected position "*", as the sabotaged build sends), fencing and offset kept."""
     token, _ = tables.take_ownership(0)
     applied = -1
-    saved = faults._sabotages
-    faults._sabotages = saved if checked else frozenset({"redis_unchecked"})
-    try:
-        # A guard: the comparison means something only if the patch reaches the script's argument.
-        assert (expect(0) == UNCHECKED) is not checked, "the sabotage patch did not reach expect()"
+    sabotages = () if checked else ("redis_unchecked",)
+    with faults.sabotaging(*sabotages):
+        # A guard: the comparison means something only if the sabotage reaches the script's argument.
+        assert (expect(0) == UNCHECKED) is not checked, "the sabotage did not reach expect()"
         started = time.perf_counter()
         for batch in batches:
             last = applied + len(batch)
             assert tables.apply(0, token, applied, last, batch).outcome is Outcome.APPLIED
             applied = last
         return time.perf_counter() - started
-    finally:
-        faults._sabotages = saved
 
 
 def _service_rate(changes: int) -> float:

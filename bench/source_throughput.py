@@ -24,6 +24,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from onceflow import topology
 from onceflow.config import repo_root
 from onceflow_source.config import SourceSettings
 from onceflow_tools.bench import hops, workload
@@ -37,15 +38,15 @@ TARGET = 0.5
 
 
 def _source(options: hops.HopOptions, acking: bool) -> BacklogRun:
-    with hops._namespace("src") as common:  # noqa: SLF001 - the same namespace the hop bench uses
+    with hops.namespace("src") as common:  # the same namespace the hop bench uses
         topic = common.topic(hops.PEER_INPUT)
-        workload.write_backlog(common, topic, hops._peer_records(options, keyed_by_record_id=False))  # noqa: SLF001
+        workload.write_backlog(common, topic, hops.peer_records(options, keyed_by_record_id=False))
         process = pipeline_service(
             "source", f"127.0.0.1:{free_port()}", common.topic_prefix, "bench", options.log_dir,
             log_name=f"source-acking-{acking}", TOPIC=topic, ACKING=str(acking).lower(),
         )
-        group = SourceSettings(common=common, topic=topic).group_id
-        return hops._run_peer(process, GroupWatch(common, group, topic), options.records)  # noqa: SLF001
+        group = SourceSettings(common=common, topic=topic).group_id_of(topology.SOURCE, job=topic)
+        return hops.time_process(process, GroupWatch(common, group, topic), options.records)
 
 
 def _copier(options: hops.HopOptions) -> BacklogRun:

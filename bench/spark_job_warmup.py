@@ -19,8 +19,8 @@ import typer
 from rich.console import Console
 
 from onceflow_compute import jobs
-from onceflow_compute.config import ComputeSettings
-from onceflow_compute.api import METADATA_COLUMNS
+from onceflow_compute.api import METADATA_COLUMNS, Aggregation
+from onceflow_compute.config import ComputeSettings, EngineName
 from onceflow_compute.service import make_engine
 
 console = Console(stderr=True)
@@ -41,7 +41,8 @@ def main(
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON on stdout."),
 ) -> None:
     job = jobs.load_job("usersum")
-    engine = make_engine(ComputeSettings(job="usersum", engine="spark"), job)
+    assert isinstance(job, Aggregation), job
+    engine = make_engine(ComputeSettings(job="usersum", engine=EngineName.SPARK), job)
     windows: list[dict[str, float]] = []
     times: list[float] = []
     started = time.monotonic()

@@ -40,6 +40,7 @@ import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import typer
 from confluent_kafka import Producer
@@ -58,7 +59,7 @@ from onceflow_tools.infra.topics import delete_topics, ensure_topics
 from onceflow_tools.process import ServiceProcess, free_port, pipeline_service
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compute_throughput import _payload  # noqa: E402 - the same usersum records as the throughput bench
+from compute_throughput import usersum_payload  # noqa: E402 - the same usersum records as the throughput bench
 
 console = Console(width=140)
 JOB = "usersum"
@@ -82,7 +83,7 @@ def _envelope(record_id: str, key: str, payload: bytes, stream: str) -> Envelope
 def usersum_envelopes(count: int, users: int, seed: int = 1) -> Iterator[Envelope]:
     rng = random.Random(seed)
     for index in range(count):
-        user, payload = _payload(rng, users)
+        user, payload = usersum_payload(rng, users)
         yield _envelope(f"bench-{index:09d}", user, payload, "")
 
 
@@ -172,7 +173,7 @@ def follow(
         if now >= target:
             return Followed(first if first is not None else at, first_count, at)
         if not process.alive():
-            raise RuntimeError(f"{process.name} exited with {process.proc.returncode}\n{process.log_tail()}")  # type: ignore[union-attr]
+            raise RuntimeError(f"{process.name} exited with {process.returncode}\n{process.log_tail()}")
         if at - began > timeout_s:
             raise TimeoutError(f"{label}: {now:,} of {target:,} records consumed after {timeout_s:.0f}s")
         if at - last >= PROGRESS_S:
@@ -198,7 +199,7 @@ def dead_letters(common: CommonSettings) -> tuple[int, bool]:
     return behind.records, behind.exact
 
 
-def run(scenario: str, records: int, ratio: int, users: int, engine: str, timeout_s: float, log_dir: Path) -> dict:
+def run(scenario: str, records: int, ratio: int, users: int, engine: str, timeout_s: float, log_dir: Path) -> dict[str, Any]:
     label = SCENARIOS[scenario].format(ratio=ratio)
     prefix = f"streams-{scenario}-{uuid.uuid4().hex[:6]}."
     common = CommonSettings(topic_prefix=prefix)

@@ -444,6 +444,7 @@ def test_a_replayer_stuck_outside_its_group_ends_ingest_with_exit_4_from_the_sha
     the code on and stops serving rather than serving on with no replays (issue 21's drift bug).
     Everything is real (broker, committer, gRPC server, replayer) except the group's answer to
     "is this member in?", the one thing a live broker cannot be made to get wrong on demand."""
+    from onceflow import runner
     from onceflow.txn import driver
     from onceflow.txn.errors import EXIT_RESTART, ConsumerStuck
     from onceflow_ingest import service as ingest_service
@@ -465,7 +466,7 @@ def test_a_replayer_stuck_outside_its_group_ends_ingest_with_exit_4_from_the_sha
         return Evicted() if group_id == settings.group_id_of(topology.INGEST_REPLAYER) else real_watch(common, group_id)
 
     monkeypatch.setattr(driver, "watch_membership", watch)
-    monkeypatch.setattr(ingest_service, "on_stop_signals", lambda _stop: None)  # pytest keeps its own handlers
+    monkeypatch.setattr(runner, "on_stop_signals", lambda _stop: None)  # pytest keeps its own handlers
     ingest = ingest_service.IngestService(settings)
     exit_code: list[int] = []
     runner = threading.Thread(target=lambda: exit_code.append(ingest.run()), name="ingest-under-test", daemon=True)

@@ -34,6 +34,7 @@ from onceflow.v1 import (
 from onceflow_client.tls import bearer
 
 T = TypeVar("T")
+R = TypeVar("R", bound=Message)
 
 # The token a channel sends on calls that bring none of their own. A function, read when the
 # channel opens, so that an unreadable token file fails the call like an unreadable TLS file.
@@ -95,77 +96,95 @@ def as_dict(reply: Message) -> dict[str, Any]:
     return MessageToDict(reply, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
 
 
+def reply(kind: type[R], answer: object) -> R:
+    """A stub's answer as the ``kind`` of reply it is. grpcio-tools writes no types for the
+    ``*_pb2_grpc`` stubs, so each call's result is checked here, where it enters typed code."""
+    if not isinstance(answer, kind):
+        raise TypeError(f"expected a {kind.__name__}, got a {type(answer).__name__}")
+    return answer
+
+
 # Every service's Admin. Mutations need the admin token; ``token`` empty sends the channel's.
 
 
 def status(chan: grpc.Channel, timeout_s: float) -> admin_pb2.StatusReply:
-    return admin_pb2_grpc.AdminStub(chan).Status(admin_pb2.StatusRequest(), timeout=timeout_s)
+    answer = admin_pb2_grpc.AdminStub(chan).Status(admin_pb2.StatusRequest(), timeout=timeout_s)
+    return reply(admin_pb2.StatusReply, answer)
 
 
 def pause(chan: grpc.Channel, timeout_s: float, token: str) -> admin_pb2.PauseReply:
-    return admin_pb2_grpc.AdminStub(chan).Pause(admin_pb2.PauseRequest(), timeout=timeout_s, metadata=bearer(token))
+    answer = admin_pb2_grpc.AdminStub(chan).Pause(admin_pb2.PauseRequest(), timeout=timeout_s, metadata=bearer(token))
+    return reply(admin_pb2.PauseReply, answer)
 
 
 def resume(chan: grpc.Channel, timeout_s: float, token: str) -> admin_pb2.ResumeReply:
-    return admin_pb2_grpc.AdminStub(chan).Resume(admin_pb2.ResumeRequest(), timeout=timeout_s, metadata=bearer(token))
+    answer = admin_pb2_grpc.AdminStub(chan).Resume(admin_pb2.ResumeRequest(), timeout=timeout_s, metadata=bearer(token))
+    return reply(admin_pb2.ResumeReply, answer)
 
 
 def drain(chan: grpc.Channel, wait_s: int, timeout_s: float, token: str) -> admin_pb2.DrainReply:
     """The service waits up to ``wait_s`` for its in-flight work; the call, ``timeout_s`` more."""
     request = admin_pb2.DrainRequest(timeout_seconds=wait_s)
-    return admin_pb2_grpc.AdminStub(chan).Drain(request, timeout=wait_s + timeout_s, metadata=bearer(token))
+    answer = admin_pb2_grpc.AdminStub(chan).Drain(request, timeout=wait_s + timeout_s, metadata=bearer(token))
+    return reply(admin_pb2.DrainReply, answer)
 
 
 # The acker's own.
 
 
 def acker_stats(chan: grpc.Channel, timeout_s: float) -> acker_pb2.AckerStatsReply:
-    return acker_pb2_grpc.AckerAdminStub(chan).Stats(acker_pb2.AckerStatsRequest(), timeout=timeout_s)
+    answer = acker_pb2_grpc.AckerAdminStub(chan).Stats(acker_pb2.AckerStatsRequest(), timeout=timeout_s)
+    return reply(acker_pb2.AckerStatsReply, answer)
 
 
 def get_tree(chan: grpc.Channel, timeout_s: float, *, root_id: int | None = None, record_id: str = "") -> acker_pb2.GetTreeReply:
     """The pending tree ``root_id`` or, without one, ``record_id``'s pending trees."""
     request = acker_pb2.GetTreeRequest(root_id=root_id) if root_id is not None else acker_pb2.GetTreeRequest(record_id=record_id)
-    return acker_pb2_grpc.AckerAdminStub(chan).GetTree(request, timeout=timeout_s)
+    return reply(acker_pb2.GetTreeReply, acker_pb2_grpc.AckerAdminStub(chan).GetTree(request, timeout=timeout_s))
 
 
 def list_pending(chan: grpc.Channel, timeout_s: float, limit: int, older_than_ms: int) -> acker_pb2.ListPendingReply:
     request = acker_pb2.ListPendingRequest(limit=limit, older_than_ms=older_than_ms)
-    return acker_pb2_grpc.AckerAdminStub(chan).ListPending(request, timeout=timeout_s)
+    return reply(acker_pb2.ListPendingReply, acker_pb2_grpc.AckerAdminStub(chan).ListPending(request, timeout=timeout_s))
 
 
 # The dedup gate's own.
 
 
 def dedup_stats(chan: grpc.Channel, timeout_s: float) -> dedup_pb2.DedupStatsReply:
-    return dedup_pb2_grpc.DedupAdminStub(chan).Stats(dedup_pb2.DedupStatsRequest(), timeout=timeout_s)
+    answer = dedup_pb2_grpc.DedupAdminStub(chan).Stats(dedup_pb2.DedupStatsRequest(), timeout=timeout_s)
+    return reply(dedup_pb2.DedupStatsReply, answer)
 
 
 def dedup_check(chan: grpc.Channel, timeout_s: float, record_id: str, stream: str = "", producer: str = "") -> dedup_pb2.CheckReply:
     request = dedup_pb2.CheckRequest(record_id=record_id, stream=stream, producer=producer)
-    return dedup_pb2_grpc.DedupAdminStub(chan).Check(request, timeout=timeout_s)
+    return reply(dedup_pb2.CheckReply, dedup_pb2_grpc.DedupAdminStub(chan).Check(request, timeout=timeout_s))
 
 
 def forget(
     chan: grpc.Channel, timeout_s: float, token: str, record_id: str, stream: str = "", producer: str = ""
 ) -> dedup_pb2.ForgetReply:
     request = dedup_pb2.ForgetRequest(record_id=record_id, stream=stream, producer=producer)
-    return dedup_pb2_grpc.DedupAdminStub(chan).Forget(request, timeout=timeout_s, metadata=bearer(token))
+    answer = dedup_pb2_grpc.DedupAdminStub(chan).Forget(request, timeout=timeout_s, metadata=bearer(token))
+    return reply(dedup_pb2.ForgetReply, answer)
 
 
 # A compute worker's own.
 
 
 def compute_stats(chan: grpc.Channel, timeout_s: float) -> compute_pb2.ComputeStatsReply:
-    return compute_pb2_grpc.ComputeAdminStub(chan).Stats(compute_pb2.ComputeStatsRequest(), timeout=timeout_s)
+    answer = compute_pb2_grpc.ComputeAdminStub(chan).Stats(compute_pb2.ComputeStatsRequest(), timeout=timeout_s)
+    return reply(compute_pb2.ComputeStatsReply, answer)
 
 
 def list_jobs(chan: grpc.Channel, timeout_s: float) -> compute_pb2.ListJobsReply:
-    return compute_pb2_grpc.ComputeAdminStub(chan).ListJobs(compute_pb2.ListJobsRequest(), timeout=timeout_s)
+    answer = compute_pb2_grpc.ComputeAdminStub(chan).ListJobs(compute_pb2.ListJobsRequest(), timeout=timeout_s)
+    return reply(compute_pb2.ListJobsReply, answer)
 
 
 def get_state(chan: grpc.Channel, timeout_s: float, job: str, key: str) -> compute_pb2.GetStateReply:
-    return compute_pb2_grpc.ComputeAdminStub(chan).GetState(compute_pb2.GetStateRequest(job=job, key=key), timeout=timeout_s)
+    request = compute_pb2.GetStateRequest(job=job, key=key)
+    return reply(compute_pb2.GetStateReply, compute_pb2_grpc.ComputeAdminStub(chan).GetState(request, timeout=timeout_s))
 
 
 # The sink's result tables.
@@ -173,7 +192,7 @@ def get_state(chan: grpc.Channel, timeout_s: float, job: str, key: str) -> compu
 
 def scan_rows(chan: grpc.Channel, timeout_s: float, job: str, prefix: str, limit: int, page_token: bytes) -> sink_pb2.ScanRowsReply:
     request = sink_pb2.ScanRowsRequest(job=job, prefix=prefix, limit=limit, page_token=page_token)
-    return sink_pb2_grpc.QueryStub(chan).Scan(request, timeout=timeout_s)
+    return reply(sink_pb2.ScanRowsReply, sink_pb2_grpc.QueryStub(chan).Scan(request, timeout=timeout_s))
 
 
 # A service's own Stats call, where it has one: the read fleet.query makes after Status.

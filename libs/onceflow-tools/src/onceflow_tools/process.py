@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from onceflow.admin.tls import ClientTLS, channel
 from onceflow.config import CommonSettings, repo_root
+from onceflow.probe import check_health
 
 if TYPE_CHECKING:
     from onceflow_tools.infra.kafka import KafkaBroker
@@ -104,6 +105,15 @@ class ServiceProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    @property
+    def returncode(self) -> int | None:
+        """Its exit code, once ``alive()`` (or a wait) has seen it exit; None before."""
+        return self.proc.returncode if self.proc is not None else None
+
+    def exited(self) -> AssertionError:
+        """The failure of a wait that found the process gone: its exit code and its log's tail."""
+        return AssertionError(f"{self.name} exited with {self.returncode}\n{self.log_tail()}")
+
     def kill9(self) -> int:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGKILL)
@@ -158,12 +168,11 @@ class ServiceProcess:
         """Until grpc.health.v1 answers SERVING."""
         deadline = time.monotonic() + timeout_s
         with channel(address, tls) as chan:
-            stub = health_pb2_grpc.HealthStub(chan)
             while time.monotonic() < deadline:
                 if not self.alive():
-                    raise AssertionError(f"{self.name} exited with {self.proc.returncode}\n{self.log_tail()}")  # type: ignore[union-attr]
+                    raise self.exited()
                 try:
-                    reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+                    reply = check_health(chan, timeout_s=1.0)
                     if reply.status == health_pb2.HealthCheckResponse.SERVING:
                         return
                 except grpc.RpcError:
@@ -177,7 +186,7 @@ class ServiceProcess:
             if needle in self.log_path.read_text(errors="replace"):
                 return
             if not self.alive():
-                raise AssertionError(f"{self.name} exited with {self.proc.returncode}\n{self.log_tail()}")  # type: ignore[union-attr]
+                raise self.exited()
             time.sleep(0.2)
         raise AssertionError(f"{self.name}: no {needle!r} in its log after {timeout_s}s\n{self.log_tail()}")
 

@@ -148,7 +148,7 @@ def redriven(common: CommonSettings) -> dict[str, str]:
     """The letters re-driven already: ledger key -> when and to what."""
     ensure_topics(common.kafka_bootstrap, common.topic_prefix, [s for s in shared_specs() if s.name == Topic.DLQ_REDRIVEN])
     records = read_committed(common, common.topic(Topic.DLQ_REDRIVEN), timeout_s=30)
-    return {key.decode(): value.decode() for (_p, key), value in latest_by_key(records).items() if value is not None}
+    return {key.decode(): value.decode() for (_p, key), value in latest_by_key(records).items()}
 
 
 def redrive(common: CommonSettings, chosen: Plan, acking: bool = True) -> int:

@@ -41,7 +41,8 @@ import os
 import random
 import signal
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 POINTS = (
     "before_produce",  # transaction begun, nothing produced
@@ -132,6 +133,22 @@ def sabotaged(name: str) -> bool:
     (a comma-separated list in ``ONCEFLOW_SABOTAGE``)."""
     assert name in SABOTAGES, name
     return name in _sabotages
+
+
+@contextmanager
+def sabotaging(*names: str) -> Iterator[None]:
+    """Within the block this process runs with exactly the sabotages ``names`` (none: none at
+    all), whatever ``ONCEFLOW_SABOTAGE`` says; the environment's after it. For a bench that times
+    one code path with and without a sabotage in one process (``bench/sink_apply.py``), never for
+    a service: a service's sabotages come from its environment, where the guard sees them."""
+    global _sabotages
+    for name in names:
+        assert name in SABOTAGES, name
+    saved, _sabotages = _sabotages, frozenset(names)
+    try:
+        yield
+    finally:
+        _sabotages = saved
 
 
 class SwitchesNotAllowed(RuntimeError):

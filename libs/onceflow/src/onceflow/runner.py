@@ -1,5 +1,6 @@
-"""The lifecycle every consuming service shares (all but ingest): metrics, gRPC server, the loop on the main
-thread, SIGTERM = finish the batch, commit, leave the group, stop serving."""
+"""The lifecycle every service shares: metrics, the gRPC server, its workers (each hop's loop;
+ingest's group committer) on a thread each, SIGTERM = finish the batch, commit, leave the group,
+stop serving."""
 
 from __future__ import annotations
 
@@ -7,12 +8,29 @@ import logging
 import signal
 import threading
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from onceflow import metrics
 from onceflow.admin.server import ServiceServer
-from onceflow.txn.driver import ConsumerDriver
+from onceflow.txn.errors import EXIT_OK
 
 log = logging.getLogger(__name__)
+
+EXIT_FAILED = 1  # a worker died, or ended unasked: a supervisor restarts the process
+
+
+class Worker(Protocol):
+    """One long-running part of a service: a hop's loop (`ConsumerDriver`), ingest's group
+    committer. ``run`` returns its exit code once stopped, or on its own when it cannot go on
+    (fenced 3, stuck 4); ``stop`` asks it to finish gracefully; it tells ``health_listener``
+    False while it cannot make progress and True once it can again."""
+
+    name: str
+    health_listener: Callable[[bool], None]
+
+    def run(self) -> int: ...
+
+    def stop(self) -> None: ...
 
 
 def on_stop_signals(stop: Callable[[], None]) -> None:
@@ -29,27 +47,43 @@ def on_stop_signals(stop: Callable[[], None]) -> None:
 
 
 def run_loop_service(
-    loops: ConsumerDriver | Sequence[ConsumerDriver],
+    workers: Worker | Sequence[Worker],
     server: ServiceServer,
     metrics_port: int,
     host: str,
     grace_s: float = 5.0,
+    calls_first: bool = False,
 ) -> int:
-    """Run one loop on the main thread, or several (a service with more than one hop) on one
-    thread each. When one ends (SIGTERM, or fenced), all stop; the worst exit code wins, so a
-    fenced hop makes the process exit 3 like a fenced single loop. gRPC health is SERVING
-    only while every loop's stage is healthy."""
-    loops = [loops] if isinstance(loops, ConsumerDriver) else list(loops)
+    """Run the workers, one on the main thread and the others on a thread each. When one ends
+    (SIGTERM, fenced, stuck, died), all stop. The code is that of the first to end: the cause;
+    one that ended with 0 unasked failed. gRPC health is SERVING only while every worker is
+    healthy. ``calls_first``: the service's calls feed a worker (ingest's feed its committer),
+    so a stop first refuses new calls and lets running ones finish, then stops the workers."""
+    workers = [workers] if not isinstance(workers, Sequence) else list(workers)
+    lock = threading.Lock()
+    asked = threading.Event()
+    stopped = False
 
-    def stop_all() -> None:
-        for loop in loops:
-            loop.stop()
+    def stop_all(serve_grace_s: float) -> None:
+        nonlocal stopped
+        with lock:
+            if stopped:
+                return
+            stopped = True
+        if calls_first:
+            log.info("stopping: refusing new calls, letting the running ones finish (%.0f s at most)", serve_grace_s)
+            server.stop(serve_grace_s)
+        for worker in workers:
+            worker.stop()
 
-    on_stop_signals(stop_all)
+    def on_signal() -> None:
+        asked.set()
+        stop_all(grace_s)
+
+    on_stop_signals(on_signal)
     metrics.serve(metrics_port, host)
     server.start()
     unhealthy: set[int] = set()
-    lock = threading.Lock()
 
     def listener(index: int) -> Callable[[bool], None]:
         def changed(healthy: bool) -> None:
@@ -59,23 +93,30 @@ def run_loop_service(
 
         return changed
 
-    codes = [0] * len(loops)
+    ended: list[int] = []  # exit codes in the order the workers ended
 
     def run(index: int) -> None:
+        code = EXIT_FAILED
         try:
-            codes[index] = loops[index].run()
+            code = workers[index].run()
         finally:
-            stop_all()
+            with lock:
+                first = not stopped
+            if first and code == EXIT_OK and not asked.is_set():
+                log.error("%s ended unasked; stopping the service for a restart", workers[index].name)
+                code = EXIT_FAILED
+            ended.append(code)
+            stop_all(grace_s if code == EXIT_OK else 0.0)
 
-    for index, loop in enumerate(loops):
-        loop.health_listener = listener(index)
-    threads = [threading.Thread(target=run, args=(i,), name=f"loop-{loops[i].name}") for i in range(1, len(loops))]
+    for index, worker in enumerate(workers):
+        worker.health_listener = listener(index)
+    threads = [threading.Thread(target=run, args=(i,), name=f"worker-{workers[i].name}") for i in range(1, len(workers))]
     for thread in threads:
         thread.start()
     run(0)
     for thread in threads:
         thread.join()
-    code = max(codes)
-    log.info("loops ended (exit %d); stopping the gRPC server", code)
+    code = next((c for c in ended if c != EXIT_OK), EXIT_OK)
+    log.info("workers ended (exit %d); stopping the gRPC server", code)
     server.stop(grace_s)
     return code

@@ -9,6 +9,7 @@ import logging
 import math
 import threading
 import time
+from dataclasses import dataclass
 
 from confluent_kafka import KafkaException
 
@@ -22,7 +23,7 @@ from onceflow.kafka.topics import ensure_topics, job_specs
 from onceflow.runner import on_stop_signals, run_loop_service
 from onceflow.service_main import EXIT_USAGE
 from onceflow.state.store import MemoryStore
-from onceflow.state.stores import memory_store
+from onceflow.state.stores import PartitionStores, memory_store
 from onceflow.topology import Topic, job_topic, versioned
 from onceflow.txn import TransactionalLoop
 from onceflow.v1 import compute_pb2, compute_pb2_grpc
@@ -145,94 +146,143 @@ def serve_refusal(settings: ComputeSettings, reason: str) -> int:
     return 0
 
 
-def build(
-    settings: ComputeSettings, job: Job | None = None
-) -> tuple[list[TransactionalLoop[MemoryStore]], ServiceServer, Engine]:
+@dataclass(frozen=True)
+class JobTopics:
+    """The topics a job's hops read and write (prefixed)."""
+
+    input: str  # the job's stream: no other stream's records
+    partials: str
+    results: str
+    late: str
+
+
+def job_topics(common: CommonSettings, job: Job) -> JobTopics:
+    return JobTopics(
+        input=common.topic(streams.topic_of(job.stream)),
+        partials=common.topic(job_topic(Topic.COMPUTE_PARTIALS, job.name)),
+        results=common.topic(Topic.COMPUTE_RESULTS),
+        late=common.topic(Topic.COMPUTE_LATE),
+    )
+
+
+def event_time_gate(settings: ComputeSettings, job: Job, topics: JobTopics) -> EventTimeGate | None:
+    """A windowed job's map hop holds records back by event time (its watermark, late records
+    aside); None for any other job."""
+    if not isinstance(job, (Aggregation, Join)) or not job.windowed:
+        return None
     common = settings.common
-    job = job or load_deployed_job(settings)  # a bad job name fails here, before Spark starts
-    partials_topic = common.topic(job_topic(Topic.COMPUTE_PARTIALS, job.name))
-    input_topic = common.topic(streams.topic_of(job.stream))  # the job's stream: no other stream's records
-    if not isinstance(job, Transform):
-        ensure_job_topics(common, job.name, settings.partitions)
-    engine = make_engine(settings, job)
-    counts = stats.JobCounts()
-    windowed = isinstance(job, (Aggregation, Join)) and job.windowed
-    event_time = None
-    if windowed:
-        assert isinstance(job, (Aggregation, Join))
-        event_time = EventTimeGate(
-            job,
-            settings.watermark_bound_ms,
-            common.topic(Topic.COMPUTE_LATE),
-            partials_topic,
-            len(inspect.partitions_of(common, partials_topic)),
-            len(inspect.partitions_of(common, input_topic)),
-            common.event_time_max_ahead_ms,
-        )
-    map_stage = MapStage(
+    return EventTimeGate(
         job,
-        engine,
-        partials_topic,
-        common.topic(Topic.COMPUTE_RESULTS),
-        counts,
-        settings.bisect_budget,
-        WatermarkTracker(settings.watermark_bound_ms, settings.idle_timeout_ms),
-        event_time,
+        settings.watermark_bound_ms,
+        topics.late,
+        topics.partials,
+        len(inspect.partitions_of(common, topics.partials)),
+        len(inspect.partitions_of(common, topics.input)),
+        common.event_time_max_ahead_ms,
+    )
+
+
+def map_hop(
+    settings: ComputeSettings, job: Job, engine: Engine, topics: JobTopics, counts: stats.JobCounts,
+) -> tuple[TransactionalLoop[MemoryStore], MapStage]:
+    """The map hop: the job's stream through the engine into partials (a transform's rows
+    straight into results)."""
+    watermarks = WatermarkTracker(settings.watermark_bound_ms, settings.idle_timeout_ms)
+    event_time = event_time_gate(settings, job, topics)
+    map_stage = MapStage(
+        job, engine, topics.partials, topics.results, counts, settings.bisect_budget, watermarks, event_time,
     )
     map_loop = TransactionalLoop.for_hop(
-        topology.COMPUTE_MAP, map_stage, common=common, settings=settings.map_loop, instance=settings.instance,
-        job=job.name, input_topic=input_topic,
-        # A windowed job's map hop keeps each input partition's newest event time.
-        store=memory_store if windowed else None,
+        topology.COMPUTE_MAP, map_stage, common=settings.common, settings=settings.map_loop, instance=settings.instance,
+        job=job.name, input_topic=topics.input,
+        # A windowed job's map hop (the one with an event-time gate) keeps each input
+        # partition's newest event time.
+        store=memory_store if event_time is not None else None,
     )
-    loops = [map_loop]
-    stores = None
-    if not isinstance(job, Transform):
-        merge_stage = merge_stage_for(job, common.topic(Topic.COMPUTE_RESULTS), counts)
-        merge_loop = TransactionalLoop.for_hop(
-            topology.COMPUTE_MERGE, merge_stage, common=common, settings=settings.loop, instance=settings.instance,
-            job=job.name, store=memory_store,
-        )
-        loops.append(merge_loop)
-        stores = merge_loop.stores
+    return map_loop, map_stage
 
-    admin = ComputeAdminServicer(
-        job,
-        engine.name,
-        counts,
-        loops,
-        stores,
-        (settings.min_batch_records, settings.max_batch_records),
-        map_stage.watermarks,
+
+def merge_hop(
+    settings: ComputeSettings, job: Aggregation | Join, topics: JobTopics, counts: stats.JobCounts,
+) -> TransactionalLoop[MemoryStore]:
+    """The merge hop: partials folded into the job's state, its rows into results."""
+    return TransactionalLoop.for_hop(
+        topology.COMPUTE_MERGE, merge_stage_for(job, topics.results, counts), common=settings.common,
+        settings=settings.loop, instance=settings.instance, job=job.name, store=memory_store,
     )
 
-    def keys_in_state() -> int:
-        return 0 if stores is None else sum(state_keys(job, store) for _p, store in stores.items())
 
-    stats.BATCH_BOUND.labels(job.name).set_function(lambda: map_loop.stats.batch_bound)
-    stats.KEYS.labels(job.name).set_function(keys_in_state)
+@dataclass(frozen=True)
+class RunningJob:
+    """The parts of a built job that its admin RPCs and its gauges read."""
 
-    def watermark_or(missing: float) -> float:
-        mark = map_stage.watermarks.watermark(now_ms())
+    job: Job
+    counts: stats.JobCounts
+    map_loop: TransactionalLoop[MemoryStore]
+    watermarks: WatermarkTracker
+    stores: PartitionStores[MemoryStore] | None  # the merge hop's: the job's state (none for a transform)
+
+    def keys_in_state(self) -> int:
+        return 0 if self.stores is None else sum(state_keys(self.job, store) for _p, store in self.stores.items())
+
+    def watermark_or(self, missing: float) -> float:
+        mark = self.watermarks.watermark(now_ms())
         return missing if mark is None else float(mark)
 
-    stats.WATERMARK.labels(job.name).set_function(lambda: watermark_or(math.nan))
+    def export_gauges(self) -> None:
+        """Into the job's Prometheus gauges, read at each scrape."""
+        name = self.job.name
+        stats.BATCH_BOUND.labels(name).set_function(lambda: self.map_loop.stats.batch_bound)
+        stats.KEYS.labels(name).set_function(self.keys_in_state)
+        stats.WATERMARK.labels(name).set_function(lambda: self.watermark_or(math.nan))
 
-    def gauges() -> dict[str, float]:
+    def gauges(self) -> dict[str, float]:
+        """For Admin Status."""
         return {
-            "batch_bound": float(map_loop.stats.batch_bound),
-            "keys_in_state": float(keys_in_state()),
-            "results": float(counts.results),
-            "job_seconds_p99": counts.job_seconds(0.99),
-            "watermark_ms": watermark_or(-1.0),
+            "batch_bound": float(self.map_loop.stats.batch_bound),
+            "keys_in_state": float(self.keys_in_state()),
+            "results": float(self.counts.results),
+            "job_seconds_p99": self.counts.job_seconds(0.99),
+            "watermark_ms": self.watermark_or(-1.0),
         }
 
-    server = ServiceServer.for_service(
-        "compute", settings, LoopControls(loops, gauges),
+
+def admin_server(
+    settings: ComputeSettings, engine: Engine, loops: list[TransactionalLoop[MemoryStore]], running: RunningJob,
+) -> ServiceServer:
+    """Admin (over the loops), ComputeAdmin and health; the job's gauges exported."""
+    admin = ComputeAdminServicer(
+        running.job,
+        engine.name,
+        running.counts,
+        loops,
+        running.stores,
+        (settings.min_batch_records, settings.max_batch_records),
+        running.watermarks,
+    )
+    running.export_gauges()
+    return ServiceServer.for_service(
+        "compute", settings, LoopControls(loops, running.gauges),
         add_servicers=lambda server: compute_pb2_grpc.add_ComputeAdminServicer_to_server(admin, server),
         service_names=(compute_pb2.DESCRIPTOR.services_by_name["ComputeAdmin"].full_name,),
     )
-    return loops, server, engine
+
+
+def build(
+    settings: ComputeSettings, job: Job | None = None
+) -> tuple[list[TransactionalLoop[MemoryStore]], ServiceServer, Engine]:
+    job = job or load_deployed_job(settings)  # a bad job name fails here, before Spark starts
+    topics = job_topics(settings.common, job)
+    if not isinstance(job, Transform):
+        ensure_job_topics(settings.common, job.name, settings.partitions)
+    engine = make_engine(settings, job)
+    counts = stats.JobCounts()
+    map_loop, map_stage = map_hop(settings, job, engine, topics, counts)
+    merge_loop = None if isinstance(job, Transform) else merge_hop(settings, job, topics, counts)
+    loops = [map_loop] if merge_loop is None else [map_loop, merge_loop]
+    stores = None if merge_loop is None else merge_loop.stores
+    running = RunningJob(job, counts, map_loop, map_stage.watermarks, stores)
+    return loops, admin_server(settings, engine, loops, running), engine
 
 
 def run(settings: ComputeSettings) -> int:

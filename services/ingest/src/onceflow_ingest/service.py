@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from confluent_kafka import KafkaException
 
-from onceflow import metrics, spout, streams, topology
+from onceflow import spout, streams, topology
 from onceflow.admin import RESERVED_FOR_ADMIN, STREAM_THREADS, ServiceServer, StatusSnapshot
 from onceflow.kafka.inspect import wait_partition_count
-from onceflow.runner import on_stop_signals
+from onceflow.runner import EXIT_FAILED, Worker, run_loop_service
 from onceflow.state.store import KeyValueStore
 from onceflow.topology import Topic
 from onceflow.trees import EventWatcher, InFlightTrees
@@ -26,24 +27,35 @@ from onceflow_ingest.servicer import IngestServicer
 
 log = logging.getLogger(__name__)
 
-EXIT_FAILED = 1
+class CommitterWorker:
+    """Ingest's group committer as a worker of the lifecycle every service shares
+    (`onceflow.runner`): it serves until stopped, then commits what is queued; it ends by
+    itself if the committer dies (1) or is fenced (3), so a supervisor restarts ingest."""
 
+    name = "ingest-committer"
 
-def exit_code_for(committer_died: bool, committer_fenced: bool, replay_exit: list[int]) -> int | None:
-    """The code ingest exits with once a part of it stopped on its own, or None to serve on.
-    The replayer's own code is passed on (fenced 3, stuck 4): serving without it would lose
-    every failed tree's replay, quietly."""
-    if committer_died:
-        log.error("the committer died (see above); exiting so a supervisor restarts ingest")
-        return EXIT_FAILED
-    if committer_fenced:
-        log.error("fenced by a newer instance; exiting")
-        return EXIT_FENCED
-    if replay_exit:
-        code = replay_exit[0] if replay_exit[0] != EXIT_OK else EXIT_FAILED
-        log.error("the replayer stopped with exit %d; exiting so a supervisor restarts ingest", code)
-        return code
-    return None
+    def __init__(self, committer: GroupCommitter, grace_s: float) -> None:
+        self._committer = committer
+        self._grace_s = grace_s
+        self._stop = threading.Event()
+        self.health_listener: Callable[[bool], None] = lambda _healthy: None
+
+    def run(self) -> int:
+        self._committer.start()
+        try:
+            while not self._stop.wait(0.2):
+                if self._committer.died.is_set():
+                    log.error("the committer died (see above); exiting so a supervisor restarts ingest")
+                    return EXIT_FAILED
+                if self._committer.fenced.is_set():
+                    log.error("fenced by a newer instance; exiting")
+                    return EXIT_FENCED
+            return EXIT_OK
+        finally:
+            self._committer.close(self._grace_s)
+
+    def stop(self) -> None:
+        self._stop.set()
 
 
 class IngestService:
@@ -148,43 +160,33 @@ class IngestService:
     # -- lifecycle ------------------------------------------------------------------------------
 
     def run(self) -> int:
-        on_stop_signals(self._stop.set)
-        metrics.serve(self.settings.metrics_port, self.settings.host)
-        replay_exit: list[int] = []
-        replay_thread = None
-        if self.watcher is not None and self.replayer is not None:
+        """The shared lifecycle over the committer and (with acking) the replayer. On a stop,
+        calls are refused and the running ones finish before the committer commits what is in
+        flight and stops."""
+        if self.watcher is not None:
             try:
+                # From acker.events' ends as they are before the first record: every event of a
+                # tree this instance starts lies past them.
                 self.watcher.start()
             except KafkaException as exc:  # the broker did not answer within the watcher's wait
                 log.error("cannot find where acker.events ends (%s); exiting so a new process tries again", exc)
                 return EXIT_RESTART
-            replayer = self.replayer
-            # A replayer that cannot make progress (its stage failing, its store unavailable)
-            # turns ingest NOT_SERVING, as any other hop does its service.
-            replayer.health_listener = self.server.set_serving
-            replay_thread = threading.Thread(target=lambda: replay_exit.append(replayer.run()), name="ingest-replayer")
-            replay_thread.start()
-        self.committer.start()
-        self.server.start()
+        workers: list[Worker] = [CommitterWorker(self.committer, self.settings.shutdown_grace_s)]
+        if self.replayer is not None:
+            workers.append(self.replayer)  # serving without it would lose every failed tree's replay
         log.info(
             "ingest ready: writing %s as %s (acking %s)",
             self.settings.common.topic(Topic.INGEST_RECORDS), self.settings.transactional_id,
             "on" if self.settings.acking else "off",
         )
-        code = EXIT_OK
-        while not self._stop.wait(0.2):
-            exit_code = exit_code_for(self.committer.died.is_set(), self.committer.fenced.is_set(), replay_exit)
-            if exit_code is not None:
-                code = exit_code
-                break
-        log.info("shutting down: refusing new calls, committing what is in flight")
-        self.server.stop(0 if code else self.settings.shutdown_grace_s)
-        self.committer.close(self.settings.shutdown_grace_s)
-        if self.replayer is not None and replay_thread is not None:
-            self.replayer.stop()
-            replay_thread.join(30)
-        if self.watcher is not None:
-            self.watcher.stop()
+        try:
+            code = run_loop_service(
+                workers, self.server, self.settings.metrics_port, self.settings.host,
+                grace_s=self.settings.shutdown_grace_s, calls_first=True,
+            )
+        finally:
+            if self.watcher is not None:
+                self.watcher.stop()
         log.info({
             EXIT_OK: "stopped cleanly", EXIT_FENCED: "stopped after being fenced", EXIT_RESTART: "stopped to be restarted",
         }.get(code, "stopped after a failure"))

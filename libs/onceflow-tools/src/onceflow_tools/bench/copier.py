@@ -14,6 +14,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from onceflow.config import CommonSettings, LoopSettings
 from onceflow.kafka.clients import TRANSACTION_RETRY_BACKOFF_MS, plain_config
+from onceflow.kafka.records import offset_of, partition_of
 
 
 def copy(common: CommonSettings, loop: LoopSettings, source: str, target: str, group: str, transactional_id: str,
@@ -40,7 +41,7 @@ def copy(common: CommonSettings, loop: LoopSettings, source: str, target: str, g
             positions: dict[int, int] = {}
             for message in messages:
                 producer.produce(target, message.value(), key=message.key())
-                positions[message.partition()] = message.offset() + 1
+                positions[partition_of(message)] = offset_of(message) + 1
             offsets = [TopicPartition(source, partition, offset) for partition, offset in positions.items()]
             producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata(), 30)
             producer.commit_transaction(30)

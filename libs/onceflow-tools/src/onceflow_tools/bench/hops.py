@@ -30,7 +30,7 @@ from onceflow.kafka import clients
 from onceflow.kafka.inspect import end_offsets
 from onceflow.redis_client import connect, delete_prefix
 from onceflow.topology import Topic, job_topic
-from onceflow.v1 import admin_pb2, admin_pb2_grpc
+from onceflow_tools import admin_client
 from onceflow_tools.bench import workload
 from onceflow_tools.bench.cpu import SpanMeter
 from onceflow_tools.bench.watch import BacklogRun, GroupWatch, time_backlog
@@ -87,7 +87,7 @@ def transaction_sizes(options: HopOptions) -> dict[str, str]:
 
 
 @contextmanager
-def _namespace(tag: str) -> Iterator[CommonSettings]:
+def namespace(tag: str) -> Iterator[CommonSettings]:
     """A fresh topic prefix with every onceflow topic and the peers' two; deleted afterwards,
     with whatever the contender created under it (Quix's changelogs carry the prefix in their
     names, not at their start)."""
@@ -116,7 +116,9 @@ def _metered(pids: Sequence[int], timed: Callable[[Callable[[], None]], BacklogR
     return replace(run, cpu=meter.stop(run.records)) if run.records > 0 else run
 
 
-def _run_peer(process: ServiceProcess, watch: GroupWatch, total: int) -> BacklogRun:
+def time_process(process: ServiceProcess, watch: GroupWatch, total: int) -> BacklogRun:
+    """Start ``process`` cold and time ``watch``'s group from its first commit until it has
+    committed ``total`` records (startup and group join not timed); stopped after."""
     started = time.monotonic()
     process.start()
     try:
@@ -147,11 +149,9 @@ def _run_service(
         process.wait_healthy(address, 180)
         time_backlog(watch, options.warm_up_records, process.alive, finished)
         with grpc.insecure_channel(address) as channel:
-            admin = admin_pb2_grpc.AdminStub(channel)
-            token = [("authorization", f"Bearer {_TOKEN}")]
-            admin.Pause(admin_pb2.PauseRequest(), metadata=token, timeout=30)
+            admin_client.pause(channel, 30, _TOKEN)
             backlog("bench", options.records)
-            admin.Resume(admin_pb2.ResumeRequest(), metadata=token, timeout=30)
+            admin_client.resume(channel, 30, _TOKEN)
         total = options.warm_up_records + options.records
         with _profiled(process, options.profile_dir, name):
             return _metered([process.pid], lambda on_first: time_backlog(
@@ -191,21 +191,23 @@ def _profiled(process: ServiceProcess, profile_dir: Path | None, name: str) -> I
             log.warning("%s: no flame graph from py-spy: %s", name, (said.decode("utf-8", "replace").strip().splitlines() or ["no output"])[0])
 
 
-def _peer_records(options: HopOptions, keyed_by_record_id: bool) -> Iterator[tuple[bytes, bytes]]:
+def peer_records(options: HopOptions, keyed_by_record_id: bool) -> Iterator[tuple[bytes, bytes]]:
+    """The measured backlog as the peers read it: (key, the record as JSON), keyed by user or by
+    record id."""
     for record in workload.records(options.records, options.users, "bench"):
         key = record.record_id if keyed_by_record_id else record.user
         yield key.encode(), workload.peer_json(record)
 
 
 def copier(options: HopOptions) -> BacklogRun:
-    with _namespace("copy") as common:
-        workload.write_backlog(common, common.topic(PEER_INPUT), _peer_records(options, keyed_by_record_id=False))
+    with namespace("copy") as common:
+        workload.write_backlog(common, common.topic(PEER_INPUT), peer_records(options, keyed_by_record_id=False))
         group = common.topic("copier")
         process = ServiceProcess(
             "copier", "onceflow_tools.bench.copier", {}, options.log_dir, cwd=repo_root(),
             args=[common.topic(PEER_INPUT), common.topic(PEER_OUTPUT), group, group],
         )
-        return _run_peer(process, GroupWatch(common, group, common.topic(PEER_INPUT)), options.records)
+        return time_process(process, GroupWatch(common, group, common.topic(PEER_INPUT)), options.records)
 
 
 # The broker warms by volume and time: on a freshly started one, a copier's three runs one after
@@ -234,10 +236,10 @@ def copier_chain(options: HopOptions) -> BacklogRun:
     most five exactly-once Python hops can move on this machine, whatever they compute. Timed
     from the first copier's first commit until the last has read everything; the record's key
     (its user) partitions every link, as the pipeline's shuffle by key does."""
-    with _namespace("chain") as common:
+    with namespace("chain") as common:
         links = [PEER_INPUT, *(f"chain.{n}" for n in range(1, CHAIN_LENGTH)), PEER_OUTPUT]
         ensure_topics(common.kafka_bootstrap, prefix=common.topic_prefix, specs=[TopicSpec(t, 4) for t in links[1:-1]])
-        workload.write_backlog(common, common.topic(links[0]), _peer_records(options, keyed_by_record_id=False))
+        workload.write_backlog(common, common.topic(links[0]), peer_records(options, keyed_by_record_id=False))
         processes, watches = [], []
         for n, (source, target) in enumerate(zip(links, links[1:], strict=False), start=1):
             group = common.topic(f"copier-{n}")
@@ -272,8 +274,9 @@ def copier_chain(options: HopOptions) -> BacklogRun:
 def dedup(options: HopOptions) -> BacklogRun:
     from onceflow_dedup.config import DedupSettings
 
-    with _namespace("dedup") as common:
-        watch = GroupWatch(common, DedupSettings(common=common).group_id, common.topic(Topic.INGEST_RECORDS))
+    with namespace("dedup") as common:
+        group = DedupSettings(common=common).group_id_of(topology.DEDUP)
+        watch = GroupWatch(common, group, common.topic(Topic.INGEST_RECORDS))
         return _run_service("dedup", common, options, watch, Topic.INGEST_RECORDS, key=lambda r: r.record_id)
 
 
@@ -294,7 +297,7 @@ def compute(options: HopOptions) -> BacklogRun:
     partial the map hop wrote."""
     from onceflow_compute.config import ComputeSettings
 
-    with _namespace("compute") as common:
+    with namespace("compute") as common:
         settings = ComputeSettings(common=common)
         # The job's partials topic is compute's to create; the watch needs it before compute starts.
         ensure_topics(common.kafka_bootstrap, prefix=common.topic_prefix, specs=job_specs(workload.JOB))
@@ -329,8 +332,8 @@ def quix_python(root: Path | None = None) -> Path:
 def quix(options: HopOptions, app: str) -> BacklogRun:
     """A Quix Streams app (``apps.py``: ``dedup`` or ``keyed_count``), exactly-once, on the same
     records as JSON."""
-    with _namespace(f"quix{app.replace('_', '')}") as common:
-        workload.write_backlog(common, common.topic(PEER_INPUT), _peer_records(options, keyed_by_record_id=app == "dedup"))
+    with namespace(f"quix{app.replace('_', '')}") as common:
+        workload.write_backlog(common, common.topic(PEER_INPUT), peer_records(options, keyed_by_record_id=app == "dedup"))
         group = common.topic(f"quix-{app}")
         state_dir = options.log_dir / f"quix-state-{uuid.uuid4().hex[:6]}"
         process = ServiceProcess(
@@ -338,7 +341,7 @@ def quix(options: HopOptions, app: str) -> BacklogRun:
             args=peer_args(app, common, group, options.quix_commit_interval_s, state_dir),
             python=str(quix_python()),
         )
-        return _run_peer(process, GroupWatch(common, group, common.topic(PEER_INPUT)), options.records)
+        return time_process(process, GroupWatch(common, group, common.topic(PEER_INPUT)), options.records)
 
 
 def kstreams_version(pom: Path) -> str:
@@ -365,8 +368,8 @@ def kstreams_command(java: str, jar: Path, args: Sequence[str]) -> list[str]:
 def kstreams(options: HopOptions, app: str) -> BacklogRun:
     """A Kafka Streams app (``Main.java``: ``dedup`` or ``keyed_count``), exactly_once_v2, on the
     same records as JSON. Its group is its application.id."""
-    with _namespace(f"ks{app.replace('_', '')}") as common:
-        workload.write_backlog(common, common.topic(PEER_INPUT), _peer_records(options, keyed_by_record_id=app == "dedup"))
+    with namespace(f"ks{app.replace('_', '')}") as common:
+        workload.write_backlog(common, common.topic(PEER_INPUT), peer_records(options, keyed_by_record_id=app == "dedup"))
         group = common.topic(f"kstreams-{app}")
         state_dir = options.log_dir / f"kstreams-state-{uuid.uuid4().hex[:6]}"
         args = peer_args(app, common, group, options.kstreams_commit_interval_s, state_dir)
@@ -374,7 +377,7 @@ def kstreams(options: HopOptions, app: str) -> BacklogRun:
             f"kstreams-{app}", "", {}, options.log_dir, cwd=repo_root() / KSTREAMS_DIR,
             command=kstreams_command(java_executable(), kstreams_jar(), args),
         )
-        return _run_peer(process, GroupWatch(common, group, common.topic(PEER_INPUT)), options.records)
+        return time_process(process, GroupWatch(common, group, common.topic(PEER_INPUT)), options.records)
 
 
 # How each contender of HOPS is run.
@@ -414,8 +417,9 @@ def contender_options(name: str, options: HopOptions) -> HopOptions:
     hop, interval = parse_contender(name)
     if interval is None:
         return options
-    field = "quix_commit_interval_s" if hop.startswith("quix") else "kstreams_commit_interval_s"
-    return replace(options, **{field: interval})
+    if hop.startswith("quix"):
+        return replace(options, quix_commit_interval_s=interval)
+    return replace(options, kstreams_commit_interval_s=interval)
 
 
 def describe_transaction(name: str, options: HopOptions) -> str:

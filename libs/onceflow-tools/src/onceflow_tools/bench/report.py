@@ -8,6 +8,7 @@ import os
 import platform
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -88,7 +89,7 @@ class Report:
             verdicts[P99_VERDICT] = p99 <= P99_BOUND_MS
         return verdicts
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, Any]:
         return {
             "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
             "pipeline": {name: asdict(mode) for name, mode in self.modes.items()},

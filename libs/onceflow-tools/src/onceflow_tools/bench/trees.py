@@ -40,7 +40,7 @@ class TreeLog(threading.Thread):
                 for message in reader.consume(10_000, 0.2):
                     if message.error() is not None:
                         continue
-                    event = TreeEvent.FromString(message.value())
+                    event = TreeEvent.FromString(message.value() or b"")
                     if event.outcome != TreeEvent.COMPLETED:
                         self.failed += 1
                         continue

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import grpc
 import typer
@@ -135,7 +135,7 @@ def _status_all(config: Path, timeout_s: float, as_json: bool) -> None:
     raise typer.Exit(0 if required and all(r.health == "SERVING" for r in required) else 1)
 
 
-def _status_dict(result: fleet.ServiceStatus) -> dict:
+def _status_dict(result: fleet.ServiceStatus) -> dict[str, Any]:
     return {
         "service": result.endpoint.name,
         "address": result.endpoint.address,

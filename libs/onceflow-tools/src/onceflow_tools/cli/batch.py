@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -18,6 +18,9 @@ from rich.table import Table
 from onceflow.config import runtime_dir
 from onceflow_tools.cli.options import full_width_console
 from onceflow_tools.jvm_output import stderr_to
+
+if TYPE_CHECKING:
+    from onceflow_compute.batch import BatchResult  # the compute package (and pyspark) only when a job runs
 
 console = full_width_console()  # a pipe or a file gets every column whole
 
@@ -90,7 +93,7 @@ def batch(
         rows(result, limit)
 
 
-def letters(result) -> None:  # type: ignore[no-untyped-def] - a BatchResult
+def letters(result: BatchResult) -> None:
     """The records the job would dead-letter, each with its line (or row) and reason."""
     if not result.examples:
         return
@@ -102,7 +105,7 @@ def letters(result) -> None:  # type: ignore[no-untyped-def] - a BatchResult
     console.print(table)
 
 
-def summary(result, output: Path | None) -> None:  # type: ignore[no-untyped-def] - a BatchResult
+def summary(result: BatchResult, output: Path | None) -> None:
     table = Table(show_header=False, box=None)
     table.add_row("job", f"{result.job} ({result.kind})")
     table.add_row("rows in", f"{result.rows_in:,}")
@@ -116,7 +119,7 @@ def summary(result, output: Path | None) -> None:  # type: ignore[no-untyped-def
     console.print(table)
 
 
-def rows(result, limit: int) -> None:  # type: ignore[no-untyped-def] - a BatchResult
+def rows(result: BatchResult, limit: int) -> None:
     shown = result.sorted_rows()[: max(limit, 0)]
     if not shown:
         return

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -32,7 +32,8 @@ def console(
 ) -> None:
     """Serve the operations console: the pipeline live, each service, record lookup, result
     tables and admin actions (which ask for the admin token). Stops on Ctrl-C."""
-    overrides = {key: value for key, value in {"host": host, "port": port}.items() if value is not None}
+    # Only the options given: the rest come from ONCEFLOW_CONSOLE_*; pydantic validates both alike.
+    overrides: dict[str, Any] = {key: value for key, value in {"host": host, "port": port}.items() if value is not None}
     settings = ConsoleSettings(**overrides)
     source = config or settings.services_config or fleet.services_file()
     try:

@@ -39,7 +39,7 @@ from onceflow_tools.console.server import BackgroundConsole
 from onceflow_tools.console.settings import ConsoleSettings
 from onceflow_tools.infra.topics import delete_topics, ensure_topics
 from onceflow_tools.process import ServiceProcess, free_port, pipeline_service
-from onceflow_tools.workloads import auctionbids, nexmark
+from onceflow_tools.workloads import ResultTable, auctionbids, nexmark
 from onceflow_tools.workloads.senders import Senders
 
 console = Console()
@@ -88,7 +88,7 @@ def demo(
             web.stop()
         for name, service in reversed(services.items()):
             try:
-                code = service.terminate() if service.alive() else service.proc.returncode if service.proc else None
+                code = service.terminate() if service.alive() else service.returncode
                 console.print(f"{name} stopped (exit {code})")
             except AssertionError as exc:  # ignored SIGTERM: killed; the others must still stop
                 console.print(f"[red]{name}[/]: {exc}")
@@ -203,8 +203,8 @@ def _report(
     common: CommonSettings,
     senders: Senders,
     arrivals: list[nexmark.Event],
-    rows: dict[str, dict],
-    batch_answer: dict[str, dict],
+    rows: ResultTable,
+    batch_answer: ResultTable,
     elapsed: float,
     killed: bool,
 ) -> bool:

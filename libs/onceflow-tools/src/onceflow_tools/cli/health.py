@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import grpc
 import typer
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from onceflow.admin.tls import channel
+from onceflow.probe import check_health
 from onceflow_tools.cli.options import TlsCa, TlsCert, TlsKey, client_tls
 
 
@@ -26,9 +27,9 @@ def health(
         raise typer.Exit(1) from None
     with chan:
         try:
-            reply = health_pb2_grpc.HealthStub(chan).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+            reply = check_health(chan, timeout)
         except grpc.RpcError as exc:
-            typer.echo(f"{address}: unreachable ({exc.code().name})")  # type: ignore[attr-defined]
+            typer.echo(f"{address}: unreachable ({exc.code().name})")
             raise typer.Exit(1) from None
     name = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
     typer.echo(f"{address}: {name}")

@@ -108,8 +108,8 @@ def check(
 
     with _refusals():
         job = lifecycle.load_module(module)
-    name, stream = job.name, streams.display(job.stream)  # type: ignore[attr-defined]
-    console.print(f"job {name} ({job.kind}), reads stream {stream}", highlight=False)  # type: ignore[attr-defined]
+    name, stream = job.name, streams.display(job.stream)
+    console.print(f"job {name} ({job.kind}), reads stream {stream}", highlight=False)
     if not offline:
         try:
             for note in lifecycle.check_notes(CommonSettings(), job):

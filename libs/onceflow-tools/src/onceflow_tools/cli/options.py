@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -60,11 +60,11 @@ def client_tls(ca_file: str, cert_file: str, key_file: str) -> ClientTLS | None:
         raise typer.BadParameter(str(exc)) from None
 
 
-def full_width_console(**kwargs: object) -> Console:
+def full_width_console(**kwargs: Any) -> Console:
     """A Console that fits a terminal's width, and does not cut lines at rich's default 80 columns
     when the output is a pipe or a file (a script reading a table wants whole rows). COLUMNS,
     when set, still wins."""
-    console = Console(**kwargs)  # type: ignore[arg-type]
+    console = Console(**kwargs)
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console.width = UNBOUNDED_WIDTH
     return console

@@ -75,7 +75,7 @@ class PipelineView:
             try:
                 rate, text = read()
             except grpc.RpcError as exc:
-                rate, text = "", f"[yellow]not answering ({exc.code().name})[/]"  # type: ignore[attr-defined]
+                rate, text = "", f"[yellow]not answering ({exc.code().name})[/]"
             rows.append((service, rate, text))
         return rows
 

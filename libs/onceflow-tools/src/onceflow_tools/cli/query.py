@@ -44,7 +44,7 @@ def _query_call(address: str, tls_ca: str, tls_cert: str, tls_key: str, call: Ca
         try:
             return call(query)
         except grpc.RpcError as exc:
-            console().print(f"[red]{address}: {exc.code().name}[/]: {exc.details()}")  # type: ignore[attr-defined]
+            console().print(f"[red]{address}: {exc.code().name}[/]: {exc.details()}")
             raise typer.Exit(2) from None
 
 

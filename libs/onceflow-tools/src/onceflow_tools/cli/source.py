@@ -5,6 +5,7 @@ environment (ONCEFLOW_SOURCE_*, ONCEFLOW_KAFKA_BOOTSTRAP, ONCEFLOW_TOPIC_PREFIX 
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -38,8 +39,9 @@ def kafka(
 ) -> None:
     """Copy TOPIC into ingest.records exactly once until Ctrl-C; unmappable records go to source.dlq."""
     given = {"bootstrap": bootstrap, "id_field": id_field, "stream": stream, "instance": instance, "port": port, "metrics_port": metrics_port}
-    overrides = {"topic": topic, **{name: value for name, value in given.items() if value not in ("", -1)}}
-    settings = SourceSettings(**overrides)  # type: ignore[arg-type]
+    # Only the options given: the rest come from ONCEFLOW_SOURCE_*; pydantic validates both alike.
+    overrides: dict[str, Any] = {"topic": topic, **{name: value for name, value in given.items() if value not in ("", -1)}}
+    settings = SourceSettings(**overrides)
     logs.setup("source", settings.instance, "WARNING")  # the progress line, not the service's info log
     try:
         external = check_source(settings)

@@ -23,6 +23,7 @@ from confluent_kafka.admin import (
     ResourceType,
     ScramCredentialInfo,
     ScramMechanism,
+    UserScramCredentialAlteration,
     UserScramCredentialUpsertion,
 )
 
@@ -140,7 +141,8 @@ def bindings(prefix: str = "", services: Iterable[str] = SERVICES) -> list[AclBi
     return list(unique.values())
 
 
-def scram_upsertions(passwords: dict[str, str], iterations: int = 8192) -> list[UserScramCredentialUpsertion]:
+def scram_upsertions(passwords: dict[str, str], iterations: int = 8192) -> list[UserScramCredentialAlteration]:
+    """Upsertions, typed as the alterations ``AdminClient.alter_user_scram_credentials`` takes."""
     info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, iterations)
     return [UserScramCredentialUpsertion(user, info, password.encode()) for user, password in passwords.items()]
 

@@ -1,63 +1,35 @@
-"""The local Kafka broker: jars from Maven Central, KRaft combined mode on 127.0.0.1."""
+"""The local Kafka broker: KRaft combined mode on 127.0.0.1, one node or a cluster of three.
+This module starts, stops and watches the JVM; its jars come from kafka_install (Maven Central,
+pinned), its properties from kafka_config and its command line from kafka_jvm."""
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import logging
 import os
-import re
-import shutil
 import signal
 import subprocess
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from onceflow.kafka.clients import plain_config
-from onceflow_tools.infra import plumbing, secure
-from onceflow_tools.infra.paths import display_path, infra_dir, runtime_dir
+from onceflow_tools.infra import plumbing
+from onceflow_tools.infra.kafka_config import random_cluster_id, render_server_properties, scram_format_args
+from onceflow_tools.infra.kafka_install import KafkaJars
+from onceflow_tools.infra.kafka_jvm import (
+    JVM_OPTS, MAIN_CLASS, class_archive_opts, drop_partial_class_archive, java_executable, log_opts,
+)
+from onceflow_tools.infra.paths import display_path, runtime_dir
 from onceflow_tools.infra.plumbing import InfraError
 from onceflow_tools.infra.settings import InfraSettings, kafka_mtls_port, kafka_port
 
+# The public face of the broker: callers import these from here, wherever they are defined.
+__all__ = ["CLUSTER_SIZE", "InfraError", "KafkaBroker", "active_controller", "cluster", "java_executable"]
+
 log = logging.getLogger(__name__)
 
-_MAIN_CLASS = "kafka.Kafka"
 CLUSTER_SIZE = 3
-# Small heap: a dev broker holds little, and it shares a 2-core box with the services and tests.
-# The G1 flags are those of Kafka's own start script.
-_JVM_OPTS = [
-    "-Xms256m",
-    "-Xmx768m",
-    "-XX:+UseG1GC",
-    "-XX:MaxGCPauseMillis=20",
-    "-XX:InitiatingHeapOccupancyPercent=35",
-    "-XX:+ExplicitGCInvokesConcurrent",
-    "-XX:+ExitOnOutOfMemoryError",
-    "-Djava.awt.headless=true",
-]
-
-
-def java_executable() -> str:
-    """JAVA_HOME's java, else the one on PATH (the broker's, and the Kafka Streams peer's of
-    ``onceflow bench``)."""
-    java_home = os.environ.get("JAVA_HOME")
-    if java_home and (Path(java_home) / "bin" / "java").exists():
-        return str(Path(java_home) / "bin" / "java")
-    found = shutil.which("java")
-    if not found:
-        raise InfraError("java not found: Kafka needs a JRE 17+ (apt-get install openjdk-17-jre-headless)")
-    return found
-
-
-def _random_cluster_id() -> str:
-    # Kafka's own format (Uuid.randomUuid): url-safe base64 without padding, never leading '-'.
-    while True:
-        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
-        if not cid.startswith("-"):
-            return cid
 
 
 @dataclass
@@ -101,8 +73,8 @@ class KafkaBroker:
         return f"127.0.0.1:{self.port}"
 
     @property
-    def pom(self) -> Path:
-        return infra_dir() / "kafka" / "pom.xml"
+    def jars(self) -> KafkaJars:
+        return KafkaJars(self.libs_dir)
 
     @property
     def libs_dir(self) -> Path:
@@ -138,136 +110,40 @@ class KafkaBroker:
     def _lock(self) -> Path:
         return self.home / ".lock"
 
-    @property
-    def _stamp(self) -> Path:
-        return self.libs_dir / ".pom-sha256"
+    # -- jars (kafka_install) -----------------------------------------------------------------
 
     @property
-    def version(self) -> str:
-        """The Kafka version pinned in infra/kafka/pom.xml."""
-        m = re.search(r"<kafka\.version>([^<]+)</kafka\.version>", self.pom.read_text())
-        return m.group(1) if m else "?"
-
-    # -- install ----------------------------------------------------------------------------
-
-    def _pom_hash(self) -> str:
-        """What the installed jars answer to: the pom and the pinned hashes (a change of either
-        installs and checks them again)."""
-        return hashlib.sha256(self.pom.read_bytes() + self.pins.read_bytes()).hexdigest()
+    def pom(self) -> Path:
+        return self.jars.pom
 
     @property
     def pins(self) -> Path:
         """infra/kafka/jars.sha256: the sha256 of every jar the pom assembles."""
-        return self.pom.with_name("jars.sha256")
+        return self.jars.pins
+
+    @property
+    def version(self) -> str:
+        """The Kafka version pinned in infra/kafka/pom.xml."""
+        return self.jars.version
 
     def check_jars(self, folder: Path) -> None:
         """Every jar in ``folder`` is one pinned, with its pinned sha256, and every pinned jar is
-        there: anything else is refused before it reaches the classpath (issue 39)."""
-        pinned = {}
-        for line in self.pins.read_text().splitlines():
-            if line.strip() and not line.startswith("#"):
-                digest, name = line.split()
-                pinned[name] = digest
-        found = {jar.name: hashlib.sha256(jar.read_bytes()).hexdigest() for jar in folder.glob("*.jar")}
-        wrong = [f"{name}: sha256 {digest}, pinned {pinned[name]}" for name, digest in found.items() if name in pinned and digest != pinned[name]]
-        unpinned = sorted(set(found) - set(pinned))
-        absent = sorted(set(pinned) - set(found))
-        problems = wrong + [f"{name}: not pinned" for name in unpinned] + [f"{name}: pinned, not assembled" for name in absent]
-        if problems:
-            raise InfraError(
-                f"Kafka {self.version}'s jars do not match {self.pins.name} (a changed pom needs new pins; otherwise "
-                "something other than Maven Central's jars was served): " + "; ".join(problems)
-            )
+        there (kafka_install.KafkaJars.check)."""
+        self.jars.check(folder)
 
     def is_installed(self) -> bool:
-        try:
-            stamp_ok = self._stamp.read_text().strip() == self._pom_hash()
-        except OSError:
-            return False
-        return stamp_ok and any(self.libs_dir.glob("kafka_*.jar"))
+        return self.jars.is_installed()
 
     def install(self, force: bool = False) -> bool:
         """Copy the broker's runtime jars into ``libs_dir`` with Maven. Skipped (returns False)
         when the stamp matches the pom's hash, so only a pom change costs a Maven run."""
         with plumbing.file_lock(self._lock):
-            return self._install(force)
-
-    def _install(self, force: bool = False) -> bool:
-        if not force and self.is_installed():
-            return False
-        mvn = shutil.which("mvn")
-        if not mvn:
-            raise InfraError(
-                "mvn not found: the broker's jars come from Maven Central (apt-get install maven)"
-            )
-        # Beside libs_dir, which a cluster's nodes share (in a fresh home, not yet made).
-        staging = self.libs_dir.parent / "libs.partial"
-        staging.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(staging, ignore_errors=True)
-        cmd = [mvn, "-q", "-B", "-f", str(self.pom), "validate", f"-Donceflow.kafka.libs={staging}"]
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        if res.returncode != 0:
-            out = (res.stdout + res.stderr).strip()
-            raise InfraError(f"maven could not assemble Kafka {self.version}:\n{out[-3000:]}")
-        self.check_jars(staging)
-        (staging / ".pom-sha256").write_text(self._pom_hash() + "\n")
-        # Swap the whole folder so a version change leaves no stale jars on the classpath.
-        shutil.rmtree(self.libs_dir, ignore_errors=True)
-        staging.replace(self.libs_dir)
-        return True
+            return self.jars.install(force)
 
     # -- storage ----------------------------------------------------------------------------
 
     def is_formatted(self) -> bool:
         return (self.data_dir / "meta.properties").exists()
-
-    def _render_props(self) -> Path:
-        if self.voters:
-            quorum, replicas = f"controller.quorum.voters={self.voters}", len(self.voters.split(","))
-        else:
-            quorum, replicas = f"controller.quorum.bootstrap.servers=127.0.0.1:{self.controller_port}", 1
-        return plumbing.render(
-            infra_dir() / "kafka" / "server.properties",
-            self.props_path,
-            {
-                "kafka_port": self.port, "controller_port": self.controller_port, "data_dir": self.data_dir,
-                "node_id": self.node_id, "quorum": quorum, "replicas": min(3, replicas),
-                "min_isr": max(1, min(2, replicas - 1)),
-                "listener": "SASL_SSL" if self.secure else "PLAINTEXT", "security": self._security_props(),
-                "mtls_listener": f",SSL://127.0.0.1:{self.mtls_port}" if self.secure else "",
-                "mtls_protocol": ",SSL:SSL" if self.secure else "",
-                "controller_protocol": "SSL" if self.secure else "PLAINTEXT",
-            },
-        )
-
-    def _security_props(self) -> str:
-        if not self.secure:
-            return ""
-        m = secure.material()
-        jaas = (
-            "org.apache.kafka.common.security.scram.ScramLoginModule required "
-            f'username="{secure.USER}" password="{m.kafka_password}";'
-        )
-        return "\n".join([
-            "# Secure mode (onceflow_tools.infra.secure): SCRAM over TLS, the broker's own connections too.",
-            f"sasl.enabled.mechanisms={secure.SCRAM_MECHANISM}",
-            f"sasl.mechanism.inter.broker.protocol={secure.SCRAM_MECHANISM}",
-            f"listener.name.sasl_ssl.{secure.SCRAM_MECHANISM.lower()}.sasl.jaas.config={jaas}",
-            "ssl.keystore.type=PEM",
-            f"ssl.keystore.location={m.server_keystore}",
-            "ssl.truststore.type=PEM",
-            f"ssl.truststore.location={m.ca}",
-            "# The mutual-TLS listener: a client certificate the CA signed, or no connection.",
-            "listener.name.ssl.ssl.client.auth=required",
-            "# The controller listener: TLS with the broker's own certificate, so it has a principal too.",
-            "listener.name.controller.ssl.client.auth=required",
-            "# Least privilege (ADR 0029): nothing is allowed that no ACL allows. The admin user, the",
-            "# broker's certificate (its connections to the controller) and the operator's client",
-            "# certificate are super users; each service is a principal of its own (infra/access.py).",
-            "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
-            "allow.everyone.if.no.acl.found=false",
-            f"super.users=User:{secure.USER};User:CN=server;User:CN=client",
-        ])
 
     @property
     def _cluster_id_file(self) -> Path:
@@ -276,10 +152,10 @@ class KafkaBroker:
     def _cluster_id(self) -> str:
         """One node alone: a fresh id. A cluster's nodes: the one id, written by the first."""
         if not self.voters:
-            return _random_cluster_id()
+            return random_cluster_id()
         with plumbing.file_lock(self.home.parent / ".cluster-id.lock"):
             if not self._cluster_id_file.exists():
-                self._cluster_id_file.write_text(_random_cluster_id() + "\n")
+                self._cluster_id_file.write_text(random_cluster_id() + "\n")
             return self._cluster_id_file.read_text().strip()
 
     def format(self) -> bool:
@@ -290,17 +166,17 @@ class KafkaBroker:
     def _format(self) -> bool:
         if self.is_formatted():
             return False
-        self._install()
-        self._render_props()
+        self.jars.install()
+        render_server_properties(self)
         cmd = [
             java_executable(),
-            *self._log_opts(),
+            *log_opts(self.log_dir),
             "-cp",
             f"{self.libs_dir}/*",
             "kafka.tools.StorageTool",
             "format",
             *([] if self.voters else ["--standalone"]),  # static voters need no initial controllers
-            *self._scram_args(),
+            *(scram_format_args() if self.secure else []),
             "-t",
             self._cluster_id(),
             "-c",
@@ -311,45 +187,10 @@ class KafkaBroker:
             raise InfraError(f"kafka storage format failed:\n{(res.stdout + res.stderr).strip()[-3000:]}")
         return True
 
-    def _scram_args(self) -> list[str]:
-        """The SCRAM user, written into the metadata log at format time (KRaft has no ZooKeeper
-        to hold it, and the broker needs it for its own connections before it can serve)."""
-        if not self.secure:
-            return []
-        password = secure.material().kafka_password
-        return ["--add-scram", f"{secure.SCRAM_MECHANISM}=[name={secure.USER},password={password}]"]
-
-    def _cds_opts(self, java: str) -> list[str]:
-        """AppCDS: the first run records the loaded classes into an archive when it exits, later
-        starts map it and reach the listener ~1.5 s sooner (of ~4 s) - fault tests restart a lot.
-        Keyed on the jars and the JVM; a stale or broken archive is only ignored by the JVM."""
-        real = Path(java).resolve()
-        key = hashlib.sha256(f"{self._pom_hash()}|{real}|{real.stat().st_mtime_ns}".encode()).hexdigest()[:12]
-        archive = self.home / f"cds-{key}.jsa"
-        dump = archive.with_suffix(".dump")
-        if dump.exists():  # written by a JVM that exited cleanly (a killed one's is deleted)
-            dump.replace(archive)
-        if archive.exists():
-            return [f"-XX:SharedArchiveFile={archive}"]
-        for old in self.home.glob("cds-*"):
-            old.unlink(missing_ok=True)
-        return [f"-XX:ArchiveClassesAtExit={dump}", "-Xlog:cds=off"]
-
-    def _drop_partial_cds(self) -> None:
-        for dump in self.home.glob("cds-*.dump"):
-            dump.unlink(missing_ok=True)
-
-    def _log_opts(self) -> list[str]:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        return [
-            f"-Dlog4j2.configurationFile={infra_dir() / 'kafka' / 'log4j2.xml'}",
-            f"-Donceflow.kafka.logs={self.log_dir}",
-        ]
-
     # -- process ----------------------------------------------------------------------------
 
     def pid(self) -> int | None:
-        return plumbing.read_pid(self.pid_file, _MAIN_CLASS)
+        return plumbing.read_pid(self.pid_file, MAIN_CLASS)
 
     def is_running(self) -> bool:
         return self.pid() is not None
@@ -403,12 +244,12 @@ class KafkaBroker:
         elif self.is_healthy(timeout=2.0):
             return None
         if pid is None:
-            self._install()
+            self.jars.install()
             self._format()
-            self._render_props()
+            render_server_properties(self)
             java = java_executable()
-            classpath = ["-cp", f"{self.libs_dir}/*", _MAIN_CLASS, str(self.props_path)]
-            cmd = [java, *_JVM_OPTS, *self._cds_opts(java), *self._log_opts(), *classpath]
+            classpath = ["-cp", f"{self.libs_dir}/*", MAIN_CLASS, str(self.props_path)]
+            cmd = [java, *JVM_OPTS, *class_archive_opts(self.home, self.jars.pom_hash(), java), *log_opts(self.log_dir), *classpath]
             if self.out_path.exists():  # keep the previous JVM's output (a crash) one start longer
                 self.out_path.replace(self.out_path.with_suffix(".out.prev"))
             pid = plumbing.spawn_detached(cmd, self.out_path, cwd=self.home)
@@ -446,7 +287,7 @@ class KafkaBroker:
             self.pid_file.unlink(missing_ok=True)
             return False
         if not plumbing.stop_pid(pid, timeout):
-            self._drop_partial_cds()
+            drop_partial_class_archive(self.home)
             log.warning("kafka (pid %d) ignored SIGTERM for %.0fs and was killed", pid, timeout)
         self.pid_file.unlink(missing_ok=True)
         return True
@@ -457,7 +298,7 @@ class KafkaBroker:
         if pid is None:
             return False
         plumbing.kill_pid(pid)
-        self._drop_partial_cds()
+        drop_partial_class_archive(self.home)
         return True
 
     def pause(self) -> bool:

@@ -7,11 +7,15 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from onceflow_tools.infra import access, plumbing, secure
 from onceflow_tools.infra.paths import display_path, infra_dir, runtime_dir
 from onceflow_tools.infra.plumbing import InfraError
 from onceflow_tools.infra.settings import InfraSettings, redis_port, sentinel_port
+
+if TYPE_CHECKING:
+    import redis as redis_py  # ~0.5 s to import: imported where a server is there to ask
 
 # The name Sentinel knows the primary by (the path of a redis+sentinel:// URL).
 SENTINEL_MASTER = "onceflow"
@@ -113,8 +117,8 @@ class RedisServer:
         client = self._client(1.0)
         try:
             if self.sentinel_of:
-                host, port = client.sentinel_get_master_addr_by_name(SENTINEL_MASTER)
-                return f"Sentinel; primary {host.decode() if isinstance(host, bytes) else host}:{port}"
+                host, port = primary_address(client)
+                return f"Sentinel; primary {host}:{port}"
             info = client.info("replication") | client.info("persistence")
             role = "primary" if info.get("role") == "master" else f"replica of {info.get('master_port', '?')}"
             replicas = f", {info.get('connected_slaves', 0)} replica(s)" if role == "primary" else ""
@@ -124,16 +128,16 @@ class RedisServer:
         finally:
             client.close()
 
-    def _client(self, timeout: float):  # noqa: ANN202 - a redis.Redis, imported late
+    def _client(self, timeout: float) -> redis_py.Redis:
         import redis as redis_py
 
-        options: dict[str, object] = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
-        if self.secure:
-            from onceflow_tools.infra import secure
-
-            m = secure.material()
-            options |= {"ssl": True, "ssl_ca_certs": str(m.ca), "username": secure.USER, "password": m.redis_password}
-        return redis_py.Redis(host="127.0.0.1", port=self.port, **options)
+        if not self.secure:
+            return redis_py.Redis(host="127.0.0.1", port=self.port, socket_timeout=timeout, socket_connect_timeout=timeout)
+        m = secure.material()
+        return redis_py.Redis(
+            host="127.0.0.1", port=self.port, socket_timeout=timeout, socket_connect_timeout=timeout,
+            ssl=True, ssl_ca_certs=str(m.ca), username=secure.USER, password=m.redis_password,
+        )
 
     def start(self, timeout: float = 30.0) -> bool:
         """Start redis-server (it daemonizes itself) and wait for PING. False if already healthy."""
@@ -273,7 +277,17 @@ def current_primary(servers: list[RedisServer]) -> RedisServer:
 
     client = redis_py.Redis(host="127.0.0.1", port=sentinel.port, socket_timeout=2.0)
     try:
-        _host, port = client.sentinel_get_master_addr_by_name(SENTINEL_MASTER)
+        _host, port = primary_address(client)
     finally:
         client.close()
-    return next(s for s in servers if s.port == int(port))
+    return next(s for s in servers if s.port == port)
+
+
+def primary_address(sentinel: redis_py.Redis) -> tuple[str, int]:
+    """The (host, port) a Sentinel names as the primary. (redis-py types the reply as a pair, None
+    or a bool: a bool only when asked with ``return_responses``, None when it knows no primary.)"""
+    answer = sentinel.sentinel_get_master_addr_by_name(SENTINEL_MASTER)
+    if not isinstance(answer, tuple):
+        raise InfraError(f"the Sentinel names no primary for {SENTINEL_MASTER!r} ({answer!r})")
+    host, port = answer
+    return host.decode() if isinstance(host, bytes) else host, int(port)

@@ -17,8 +17,10 @@ import json
 import os
 import sys
 import urllib.request
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from onceflow_tools.infra import plumbing
 from onceflow_tools.infra.paths import runtime_dir
@@ -42,20 +44,31 @@ def spark_home() -> Path:
     return Path(pyspark.__file__).parent
 
 
-class _Daemon:
+class _Daemon(ABC):
     """A Spark JVM started detached through spark-class, recorded in a pid file and found again
     by a marker on its command line: what the master, the workers and the Connect server share."""
 
-    dir: Path
-    log_path: Path
-    pid_file: Path
-    marker: str
+    @property
+    @abstractmethod
+    def dir(self) -> Path: ...
 
-    def command(self) -> list[str]:
-        raise NotImplementedError
+    @property
+    @abstractmethod
+    def log_path(self) -> Path: ...
 
-    def environment(self) -> dict[str, str]:
-        raise NotImplementedError
+    @property
+    @abstractmethod
+    def pid_file(self) -> Path: ...
+
+    @property
+    @abstractmethod
+    def marker(self) -> str: ...
+
+    @abstractmethod
+    def command(self) -> list[str]: ...
+
+    @abstractmethod
+    def environment(self) -> dict[str, str]: ...
 
     def pid(self) -> int | None:
         return plumbing.read_pid(self.pid_file, self.marker)
@@ -165,13 +178,14 @@ def cluster(settings: InfraSettings | None = None, home: Path | None = None) -> 
     ]
 
 
-def master_state(master: SparkDaemon, timeout: float = 2.0) -> dict | None:
+def master_state(master: SparkDaemon, timeout: float = 2.0) -> dict[str, Any] | None:
     """The master's own view (its web UI's JSON): status and workers; None if it does not answer."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{master.web_port}/json/", timeout=timeout) as reply:
-            return json.load(reply)
+            state = json.load(reply)
     except (OSError, ValueError):
         return None
+    return state if isinstance(state, dict) else None
 
 
 def alive_workers(master: SparkDaemon) -> set[int]:

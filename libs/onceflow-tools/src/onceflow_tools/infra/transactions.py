@@ -48,7 +48,7 @@ def java_client_properties(common: CommonSettings) -> dict[str, str]:
     """The Java client's form of onceflow's Kafka security settings (what librdkafka gets from
     `CommonSettings.kafka_client_config`): SASL_SSL with SCRAM, or mutual TLS, with PEM files."""
     protocol = common.kafka_security_protocol
-    props = {"security.protocol": protocol}
+    props: dict[str, str] = {"security.protocol": protocol}
     if protocol == "SASL_SSL":
         password = secret(common.kafka_sasl_password, common.kafka_sasl_password_file, "ONCEFLOW_KAFKA_SASL_PASSWORD")
         props |= {

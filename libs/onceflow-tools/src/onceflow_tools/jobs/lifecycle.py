@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 
@@ -30,6 +31,9 @@ from onceflow_sink.tables import ResultTables
 from onceflow_sink.versions import JobCommandError
 
 from onceflow_tools.jobs import workers
+
+if TYPE_CHECKING:
+    from onceflow_compute.api import Job  # the compute package (and pyspark) only when a command needs it
 
 __all__ = ["EARLIEST", "Deployed", "JobCommandError", "LocalStatus", "deploy", "lagging", "promote", "reprocess", "retire", "status"]
 
@@ -70,7 +74,7 @@ def _iso(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds")
 
 
-def load_module(module: str) -> object:
+def load_module(module: str) -> Job:
     """The job a module defines; a module that fails to import is an error naming both."""
     from onceflow_compute import jobs  # the compute package (and pyspark) only when a command needs it
 
@@ -97,9 +101,8 @@ def deploy(
     from onceflow_compute.fingerprint import describe, fingerprint
 
     job = load_module(module)
-    assert not isinstance(job, str)
-    name: str = job.name  # type: ignore[attr-defined]
-    stream: str = streams.canonical(job.stream)  # type: ignore[attr-defined]
+    name = job.name
+    stream = streams.canonical(job.stream)
     if not streams.lookup(common, stream):
         raise JobCommandError(f"job {name} reads {streams.missing_stream(stream)}")
     start_from = parse_start(start_from)
@@ -119,7 +122,7 @@ def deploy(
                 f"{versioned(name, number)} exists ({existing.state.value}, module {existing.module}); "
                 f"versions are never reused: deploy version {record.next_version()}"
             )
-        renamed = dataclasses.replace(job, name=versioned(name, number))  # type: ignore[type-var]
+        renamed = dataclasses.replace(job, name=versioned(name, number))
         notes += state_notes(common, record, job)
         deployed = Version(
             version=number,
@@ -130,7 +133,7 @@ def deploy(
             deployed_ms=now_ms(),
             fingerprint=fingerprint(describe(renamed)),
             note=note,
-            kind=job.kind,  # type: ignore[attr-defined]
+            kind=job.kind,
             stream=stream,
         )
         registry.write(record.with_version(deployed))
@@ -144,11 +147,11 @@ def deploy(
     return Deployed(name, deployed, started, env, notes)
 
 
-def check_notes(common: CommonSettings, job: object) -> list[str]:
+def check_notes(common: CommonSettings, job: Job) -> list[str]:
     """What a deploy of ``job`` would meet (`onceflow job check`): its stream, what it would
     read, and whether the live version's state fits it. Reads only."""
-    stream: str = streams.canonical(job.stream)  # type: ignore[attr-defined]
-    name: str = job.name  # type: ignore[attr-defined]
+    stream = streams.canonical(job.stream)
+    name = job.name
     if not streams.lookup(common, stream):
         return [f"a deploy would be refused: {streams.missing_stream(stream)}"]
     record = read_registry(common).get(name) or JobRecord(name)
@@ -178,7 +181,7 @@ def history_notes(common: CommonSettings, start_from: str, stream: str = "") -> 
     return [f"reads {topic} from its first record: the whole history"]
 
 
-def state_notes(common: CommonSettings, record: JobRecord, job: object) -> list[str]:
+def state_notes(common: CommonSettings, record: JobRecord, job: Job) -> list[str]:
     """What the live version's state says about the deployed code: the same check a worker runs
     at start (docs/decisions/0023), as information: a new version builds a state of its own."""
     from onceflow_compute import lifecycle
@@ -186,9 +189,9 @@ def state_notes(common: CommonSettings, record: JobRecord, job: object) -> list[
 
     if isinstance(job, Transform):
         return []
-    live = dataclasses.replace(job, name=record.live_name)  # type: ignore[type-var]
+    live = dataclasses.replace(job, name=record.live_name)
     try:
-        check = lifecycle.check_state(common, live)  # type: ignore[arg-type]
+        check = lifecycle.check_state(common, live)
     except KafkaException:
         return []  # no live state to compare with (its topics do not exist)
     if not any(check.stored.values()):
@@ -244,13 +247,16 @@ def retire(common: CommonSettings, job: str, version: int) -> list[str]:
     return ([f"{len(stopped)} local worker(s) stopped"] if stopped else []) + deleted
 
 
-def reprocess(common: CommonSettings, job: str, start_from: str = EARLIEST, **options: object) -> Deployed:
+def reprocess(
+    common: CommonSettings, job: str, start_from: str = EARLIEST, worker_count: int = 1, start: bool = True
+) -> Deployed:
     """A new version of the live code from ``start_from``: the bug-fix path."""
     record = versions.record_of(common, job)
     if not record.live:
         raise JobCommandError(f"{job} has no live version to reprocess: deploy and promote one first")
     module = record.versions[record.live].module
-    return deploy(common, module, start_from=start_from, note=f"reprocess of {record.live_name}", **options)  # type: ignore[arg-type]
+    note = f"reprocess of {record.live_name}"
+    return deploy(common, module, start_from=start_from, worker_count=worker_count, start=start, note=note)
 
 
 def version_argument(text: str) -> int:

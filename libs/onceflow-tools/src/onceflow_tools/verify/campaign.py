@@ -20,9 +20,10 @@ import re
 import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from onceflow.config import CommonSettings
 from onceflow.faults import ALLOW_ENV, SABOTAGE_ENV, VERIFY_SABOTAGES
@@ -200,7 +201,7 @@ def run(options: CampaignOptions, on_progress: Callable[[Progress], None] = lamb
         progress.phase = "starting services"
         on_progress(progress)
         supervisor.start_all()
-        return _campaign(options, load, common, supervisor, progress, note, on_progress, source)
+        return Campaign(options, load, common, supervisor, progress, note, on_progress, source).run()
     finally:
         supervisor.stop_all()
         if source is not None:
@@ -247,116 +248,167 @@ def _repairs_logged(log_dir: Path) -> int:
     )
 
 
-def _campaign(
-    options: CampaignOptions,
-    load: Workload,
-    common: CommonSettings,
-    supervisor: Supervisor,
-    progress: Progress,
-    note: Callable[[str], None],
-    on_progress: Callable[[Progress], None],
-    source: SourceTopic | None = None,
-) -> Verdict:
-    records = load.records
+class Campaign:
+    """One campaign on started services, phase by phase: the workload sent while faults are
+    injected, the pipeline left to settle and drain, then every topic checked."""
 
-    def refresh() -> None:
-        for name in supervisor.restart_exited():
-            note(f"{name} exited on its own: restarted")
-        progress.addresses = {name: instance.address for name, instance in supervisor.instances.items()}
-        on_progress(progress)
+    def __init__(
+        self,
+        options: CampaignOptions,
+        load: Workload,
+        common: CommonSettings,
+        supervisor: Supervisor,
+        progress: Progress,
+        note: Callable[[str], None],
+        on_progress: Callable[[Progress], None],
+        source: SourceTopic | None = None,
+    ) -> None:
+        self.options, self.load, self.common, self.supervisor = options, load, common, supervisor
+        self.progress, self.note, self.on_progress, self.source = progress, note, on_progress, source
+        self.job = load.compute_settings["JOB"]
+        # The input: clients through ingest, or (--source) a producer into the user topic. Only
+        # one of them sends; the other is never started.
+        self.senders = Senders(
+            supervisor.address("ingest"), load.records, options.batch, options.clients, options.resend_ratio, options.seed,
+            options.rate,
+        )
+        self.sending: Senders | SourceTopic = source or self.senders
+        self.schedule = FaultSchedule(
+            supervisor, options.faults, options.fault_every_s, options.seed, takeover_s=SESSION_TIMEOUT_MS / 1000 + 2,
+            on_fault=self._after_fault, source=source,
+        )
 
-    # The input: clients through ingest, or (--source) a producer into the user topic. Only one
-    # of them sends; the other is never started.
-    senders = Senders(
-        supervisor.address("ingest"), records, options.batch, options.clients, options.resend_ratio, options.seed, options.rate
-    )
-    sending: Senders | SourceTopic = source or senders
+    def run(self) -> Verdict:
+        batch_answer = self._batch_answer_meanwhile()
+        self._send_with_faults()
+        self._resend_earlier_batches()
+        injected = self._injected()
+        self.note(f"faults injected: {injected}")
+        # What the checker expects: the generator's record_ids, or every record produced into the
+        # source topic (each once), under the id the source must give it.
+        expected = self.source.expected_ids() if self.source else {r.record_id.decode() for r in self.load.records}
+        batch_rows = self._batch_rows(batch_answer)
+        rows, behind = self._settle(batch_rows)
+        return self._check(expected, rows, batch_rows, injected, behind)
 
-    def after_fault(text: str) -> None:
-        note(text)
-        if options.late_resends:
-            senders.resend_earlier(LATE_BATCHES_PER_FAULT)
+    # -- sending, with faults -----------------------------------------------------------------
 
-    schedule = FaultSchedule(
-        supervisor, options.faults, options.fault_every_s, options.seed, takeover_s=SESSION_TIMEOUT_MS / 1000 + 2,
-        on_fault=after_fault, source=source,
-    )
-    # The reference answer depends on the workload alone: Spark computes it while the clients
-    # send, instead of after them (a Spark start and job, 30-60 s on a busy 2-core machine).
-    reference = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-answer")
-    batch_answer = reference.submit(_batch_answer, load, note)
-    reference.shutdown(wait=False)
-    progress.phase = "sending, with faults"
-    sending.start()
-    schedule.start()
-    while sending.running():
+    def _refresh(self) -> None:
+        for name in self.supervisor.restart_exited():
+            self.note(f"{name} exited on its own: restarted")
+        self.progress.addresses = {name: instance.address for name, instance in self.supervisor.instances.items()}
+        self.on_progress(self.progress)
+
+    def _after_fault(self, text: str) -> None:
+        self.note(text)
+        if self.options.late_resends:
+            self.senders.resend_earlier(LATE_BATCHES_PER_FAULT)
+
+    def _batch_answer_meanwhile(self) -> Future[dict[str, dict[str, Any]]]:
+        """The reference answer depends on the workload alone: Spark computes it while the
+        clients send, instead of after them (a Spark start and job, 30-60 s on a busy 2-core
+        machine)."""
+        reference = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-answer")
+        batch_answer = reference.submit(_batch_answer, self.load, self.note)
+        reference.shutdown(wait=False)
+        return batch_answer
+
+    def _send_with_faults(self) -> None:
+        """Until the input is sent, then until the fault under way has finished."""
+        progress, sending, schedule = self.progress, self.sending, self.schedule
+        progress.phase = "sending, with faults"
+        sending.start()
+        schedule.start()
+        while sending.running():
+            progress.sent = sending.acknowledged
+            self._refresh()
+            time.sleep(0.5)
         progress.sent = sending.acknowledged
-        refresh()
-        time.sleep(0.5)
-    progress.sent = sending.acknowledged
-    schedule.stop()
-    progress.phase = "letting the last fault finish"
-    while schedule.is_alive():
-        refresh()
-        schedule.join(0.5)
-    progress.phase = "re-sending earlier batches"
-    on_progress(progress)
-    if options.late_resends:
-        senders.resend_earlier(LATE_BATCHES_AT_END)
-    senders.join_late()
-    if sending.error is not None:
-        raise RuntimeError(f"{'the producer into the source topic' if source else 'a client'} gave up: {sending.error}")
-    if schedule.error is not None:
-        raise RuntimeError(f"the fault schedule failed: {schedule.error}")
-    injected = dict(schedule.injected)
-    if source is None:
-        injected["client_resends"] = len(senders.sent_again)
-        injected["client_transport_retries"] = senders.retries
-        injected["client_late_resends"] = senders.late_resends
-    else:
-        injected["source_restarts_after_recreate"] = source.restarts_after_recreate
-    note(f"faults injected: {injected}")
-    # What the checker expects: the generator's record_ids, or every record produced into the
-    # source topic (each once), under the id the source must give it.
-    expected = source.expected_ids() if source else {r.record_id.decode() for r in records}
+        schedule.stop()
+        progress.phase = "letting the last fault finish"
+        while schedule.is_alive():
+            self._refresh()
+            schedule.join(0.5)
 
-    def in_flight() -> list[str]:
+    def _resend_earlier_batches(self) -> None:
+        self.progress.phase = "re-sending earlier batches"
+        self.on_progress(self.progress)
+        if self.options.late_resends:
+            self.senders.resend_earlier(LATE_BATCHES_AT_END)
+        self.senders.join_late()
+
+    def _injected(self) -> dict[str, int]:
+        """What the run injected: the faults, and the clients' re-sends (or the source's
+        restarts); a sender or a schedule that gave up fails the campaign here."""
+        source, senders = self.source, self.senders
+        if self.sending.error is not None:
+            raise RuntimeError(f"{'the producer into the source topic' if source else 'a client'} gave up: {self.sending.error}")
+        if self.schedule.error is not None:
+            raise RuntimeError(f"the fault schedule failed: {self.schedule.error}")
+        injected = dict(self.schedule.injected)
+        if source is None:
+            injected["client_resends"] = len(senders.sent_again)
+            injected["client_transport_retries"] = senders.retries
+            injected["client_late_resends"] = senders.late_resends
+        else:
+            injected["source_restarts_after_recreate"] = source.restarts_after_recreate
+        return injected
+
+    # -- settling -----------------------------------------------------------------------------
+
+    def _batch_rows(self, batch_answer: Future[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+        self.progress.phase = "computing the batch answer (Spark)"
+        self.on_progress(self.progress)
+        batch_rows = batch_answer.result()
+        if batch_rows != self.load.fold_answer():
+            raise RuntimeError("Spark's batch answer differs from a plain fold of the records")
+        return batch_rows
+
+    def _in_flight(self) -> list[str]:
         """What is not yet through: the source's copying (--source), then the pipeline."""
-        return (source.behind() if source else []) or undrained(common, job)
+        return (self.source.behind() if self.source else []) or undrained(self.common, self.job)
 
-    progress.phase = "computing the batch answer (Spark)"
-    on_progress(progress)
-    batch_rows = batch_answer.result()
-    if batch_rows != load.fold_answer():
-        raise RuntimeError("Spark's batch answer differs from a plain fold of the records")
+    def _settle(self, batch_rows: dict[str, dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], list[str]]:
+        """The sink's table once the pipeline drained (or the settle time is out), and what was
+        still in flight then."""
+        self.progress.phase = "waiting for the sink to converge"
+        deadline = time.monotonic() + self.options.settle_s
+        # Until the table matches, or the pipeline drained without it: then nothing is in flight
+        # that could still change a row, and waiting out the settle time would only delay a fail.
+        _sink_rows(
+            self.load, self.supervisor, self._refresh, until=lambda rows: rows == batch_rows or not self._in_flight(),
+            deadline=deadline,
+        )
+        # An early match proves little while copies are still in flight: judge a drained pipeline.
+        behind = self._drain(deadline)
+        rows = _sink_rows(self.load, self.supervisor, self._refresh, until=lambda _rows: True, deadline=time.monotonic() + 60)
+        return rows, behind
 
-    progress.phase = "waiting for the sink to converge"
-    deadline = time.monotonic() + options.settle_s
-    job = load.compute_settings["JOB"]
-    # Until the table matches, or the pipeline drained without it: then nothing is in flight
-    # that could still change a row, and waiting out the settle time would only delay a fail.
-    rows = _sink_rows(
-        load, supervisor, refresh, until=lambda rows: rows == batch_rows or not in_flight(), deadline=deadline,
-    )
-    # An early match proves little while copies are still in flight: judge a drained pipeline.
-    progress.phase = "waiting for every consumer to read to the end"
-    on_progress(progress)
-    behind = in_flight()
-    while behind and time.monotonic() < deadline:
-        refresh()
-        time.sleep(2.0)
-        behind = in_flight()
-    if behind:
-        note(f"not drained within the settle time: {behind}")
-        for path in supervisor.dump_stacks():
-            note(f"stacks: {path}")
-    rows = _sink_rows(load, supervisor, refresh, until=lambda _rows: True, deadline=time.monotonic() + 60)
+    def _drain(self, deadline: float) -> list[str]:
+        """Until every consumer has read to the end or the deadline passes: what is still behind."""
+        self.progress.phase = "waiting for every consumer to read to the end"
+        self.on_progress(self.progress)
+        behind = self._in_flight()
+        while behind and time.monotonic() < deadline:
+            self._refresh()
+            time.sleep(2.0)
+            behind = self._in_flight()
+        if behind:
+            self.note(f"not drained within the settle time: {behind}")
+            for path in self.supervisor.dump_stacks():
+                self.note(f"stacks: {path}")
+        return behind
 
-    progress.phase = "checking every topic"
-    on_progress(progress)
-    verdict = check(common, job, expected, rows, batch_rows, injected, still_undrained=behind)
-    verdict.redis_repairs = _repairs_logged(supervisor.log_dir)
-    verdict.late_resends = senders.late_resends
-    verdict.zombie_exits = [z.exit_code for z in supervisor.zombies]
-    verdict.unexpected_restarts = dict(supervisor.restarts)
-    return verdict
+    # -- checking -----------------------------------------------------------------------------
+
+    def _check(
+        self, expected: set[str], rows: dict[str, dict[str, Any]], batch_rows: dict[str, dict[str, Any]], injected: dict[str, int], behind: list[str],
+    ) -> Verdict:
+        self.progress.phase = "checking every topic"
+        self.on_progress(self.progress)
+        verdict = check(self.common, self.job, expected, rows, batch_rows, injected, still_undrained=behind)
+        verdict.redis_repairs = _repairs_logged(self.supervisor.log_dir)
+        verdict.late_resends = self.senders.late_resends
+        verdict.zombie_exits = [z.exit_code for z in self.supervisor.zombies]
+        verdict.unexpected_restarts = dict(self.supervisor.restarts)
+        return verdict

@@ -47,6 +47,7 @@ from onceflow.redis_client import connect
 from onceflow.topology import Topic, job_topic
 from onceflow.v1.acker_pb2 import AckerBatch, AckerMessage, TreeEvent
 from onceflow.v1.envelope_pb2 import DeadLetter, Envelope
+from onceflow_tools.workloads import ResultTable
 
 DLQ_TOPICS = topology.DLQS
 PIPELINE_TOPICS = (
@@ -225,8 +226,8 @@ def check(
     common: CommonSettings,
     job: str,
     expected_ids: set[str],
-    sink_rows: dict[str, dict],
-    batch_rows: dict[str, dict],
+    sink_rows: ResultTable,
+    batch_rows: ResultTable,
     faults_injected: dict[str, int],
     hanging_wait_s: float = 30.0,
     still_undrained: list[str] | None = None,
@@ -261,7 +262,7 @@ def check(
     aborted_edges = ingest_aborted.edges | gate_aborted.edges
     read_aborted = [f"dedup.records: {e.record_id} of aborted root {e.root_id}" for e in passed if e.root_id in ingest_aborted.roots]
     for record in read[Topic.ACKER_ACKS]:
-        messages = AckerBatch.FromString(record.value).messages
+        messages = AckerBatch.FromString(record.value or b"").messages
         # A hop that anchors its outputs acks each input as its edge XOR its group's id, and the
         # group's GROUP message shares the record (the group lives on its roots' partitions).
         groups = [0, *(m.root_id for m in messages if m.kind == AckerMessage.GROUP)]

@@ -12,6 +12,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from onceflow.kafka.clients import plain_config
+from onceflow.kafka.records import offset_of, partition_of
 from onceflow_tools.infra.kafka import active_controller
 from onceflow_tools.infra.kafka import cluster as kafka_cluster
 
@@ -77,10 +78,11 @@ def coordinators(bootstrap: str, id_prefix: str, tail: int = 200, timeout_s: flo
             if message is None or message.error() is not None:
                 continue
             txn_id = transactional_id_of(message.key())
-            if txn_id is not None and txn_id.startswith(id_prefix) and leaders[message.partition()] >= 0:
-                found[txn_id] = leaders[message.partition()]
-            if message.offset() + 1 >= ends.get(message.partition(), 0):
-                ends.pop(message.partition(), None)
+            partition = partition_of(message)
+            if txn_id is not None and txn_id.startswith(id_prefix) and leaders[partition] >= 0:
+                found[txn_id] = leaders[partition]
+            if offset_of(message) + 1 >= ends.get(partition, 0):
+                ends.pop(partition, None)
     finally:
         consumer.close()
     return found

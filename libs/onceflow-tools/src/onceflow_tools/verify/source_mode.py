@@ -156,7 +156,9 @@ class SourceTopic:
         self.name = f"{common.topic_prefix}{TOPIC_SUFFIX}"
         self.group_id = SOURCE.group_id(common.topic_prefix, job=self.name)
         self.admin: AdminClient = clients.admin(common)
-        self.cluster_id = self.admin.list_topics(timeout=15).cluster_id or ""
+        # confluent_kafka leaves ClusterMetadata.cluster_id untyped (None until librdkafka learns one).
+        cluster_id: str | None = self.admin.list_topics(timeout=15).cluster_id
+        self.cluster_id = cluster_id or ""
         self.recreations = 0
         self.restarts_after_recreate = 0  # the running source had not noticed: restarted
         # One reader of watermarks and of the source group's positions for the whole run (it never

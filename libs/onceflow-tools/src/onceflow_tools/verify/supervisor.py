@@ -142,7 +142,7 @@ class Supervisor:
                     if name in self._armed:
                         self._armed.discard(name)  # it crashed where it was told to
                     else:
-                        log.warning("%s exited with %s; restarting it", name, instance.process.proc.returncode)  # type: ignore[union-attr]
+                        log.warning("%s exited with %s; restarting it", name, instance.process.returncode)
                         self.restarts[name] += 1
                         restarted.append(name)
                     instance.process = self._new(name, instance.address).start()
@@ -173,7 +173,7 @@ class Supervisor:
             if instance is None:
                 continue
             try:
-                codes[name] = instance.process.terminate() if instance.process.alive() else instance.process.proc.returncode  # type: ignore[union-attr]
+                codes[name] = instance.process.terminate() if instance.process.alive() else instance.process.returncode
             except AssertionError:
                 codes[name] = None
             finally:

@@ -12,14 +12,14 @@ from pathlib import Path
 
 from onceflow.admin.auth import ClientTokens
 from onceflow_client import QueryClient
-from onceflow_tools.workloads import nexmark
+from onceflow_tools.workloads import ResultTable, nexmark
 
 JOB = "auctionbids"
 
 
-def fold_answer(arrivals: Iterable[nexmark.Event]) -> dict[str, dict]:
+def fold_answer(arrivals: Iterable[nexmark.Event]) -> ResultTable:
     """A plain Python fold of the bids."""
-    rows: dict[str, dict] = {}
+    rows: ResultTable = {}
     for e in arrivals:
         if e.kind != "bid":
             continue
@@ -31,7 +31,7 @@ def fold_answer(arrivals: Iterable[nexmark.Event]) -> dict[str, dict]:
     return rows
 
 
-def batch_answer(arrivals: Iterable[nexmark.Event]) -> dict[str, dict]:
+def batch_answer(arrivals: Iterable[nexmark.Event]) -> ResultTable:
     """The job over the events as one bounded input (batch mode: one Spark job). Imports the
     compute package (and pyspark) only when called."""
     from onceflow_compute.batch import run_batch
@@ -44,7 +44,7 @@ def batch_answer(arrivals: Iterable[nexmark.Event]) -> dict[str, dict]:
         return run_batch(JOB, path).table
 
 
-def sink_table(address: str, timeout_s: float = 10.0) -> dict[str, dict]:
+def sink_table(address: str, timeout_s: float = 10.0) -> ResultTable:
     """The job's whole result table as the sink serves it, page by page."""
     with QueryClient(address, ClientTokens().bearer(), timeout_s=timeout_s) as query:
         rows = query.table(JOB)

@@ -25,6 +25,7 @@ calls an event late, a smaller one does, and :func:`late_events` is the ground t
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -124,7 +125,7 @@ def last_auction_id(number: int) -> int:
 
 
 def _price(rng: random.Random) -> int:
-    return round(10.0 ** (rng.random() * 6.0) * 100.0)
+    return round(math.pow(10.0, rng.random() * 6.0) * 100.0)
 
 
 def _person_for(rng: random.Random, number: int, hot_ratio: int) -> int:

@@ -16,6 +16,7 @@ from pathlib import Path
 from onceflow.admin.auth import ClientTokens
 from onceflow_client import QueryClient
 from onceflow.v1.ingest_pb2 import IngestRecord
+from onceflow_tools.workloads import ResultTable
 
 JOB = "usersum"
 
@@ -41,9 +42,9 @@ def ingest_records(keyed: Iterable[KeyedRecord]) -> list[IngestRecord]:
     return [IngestRecord(record_id=r.record_id.encode(), key=r.user.encode(), payload=r.payload) for r in keyed]
 
 
-def fold_answer(keyed: Iterable[KeyedRecord]) -> dict[str, dict]:
+def fold_answer(keyed: Iterable[KeyedRecord]) -> ResultTable:
     """A plain Python fold."""
-    rows: dict[str, dict] = {}
+    rows: ResultTable = {}
     for r in keyed:
         row = rows.setdefault(r.user, {"user": r.user, "total": 0, "count": 0, "smallest": r.amount, "largest": r.amount})
         row["total"] += r.amount
@@ -53,7 +54,7 @@ def fold_answer(keyed: Iterable[KeyedRecord]) -> dict[str, dict]:
     return rows
 
 
-def batch_answer(keyed: Iterable[KeyedRecord]) -> dict[str, dict]:
+def batch_answer(keyed: Iterable[KeyedRecord]) -> ResultTable:
     """The job over the records as one bounded input (batch mode: one Spark job). Imports the
     compute package (and pyspark) only when called."""
     from onceflow_compute.batch import run_batch
@@ -66,7 +67,7 @@ def batch_answer(keyed: Iterable[KeyedRecord]) -> dict[str, dict]:
         return run_batch(JOB, path).table
 
 
-def sink_table(address: str, timeout_s: float = 10.0) -> dict[str, dict]:
+def sink_table(address: str, timeout_s: float = 10.0) -> ResultTable:
     """The job's whole result table as the sink serves it, page by page."""
     with QueryClient(address, ClientTokens().bearer(), timeout_s=timeout_s) as query:
         rows = query.table(JOB, prefix="u")
