@@ -104,7 +104,6 @@ class SinkWorker(ConsumerDriver):
         self.dlq_topic = common.topic(hop.dlq)
         self.owned: dict[int, Ownership] = {}
         self._next_audit = 0.0
-        self._unavailable = 0  # consecutive StoreUnavailable, for the backoff
 
     # -- the driver's hooks ----------------------------------------------------------------
 
@@ -129,10 +128,7 @@ class SinkWorker(ConsumerDriver):
         except StoreUnavailable as exc:
             self._store_unavailable(exc)
             return
-        if self._unavailable:
-            log.info("sink: Redis answers again after %d tries", self._unavailable)
-            self._unavailable = 0
-            self.health_listener(True)
+        self.store_available()
 
     @property
     def redis_restarts_seen(self) -> int:
@@ -141,13 +137,10 @@ class SinkWorker(ConsumerDriver):
     def _store_unavailable(self, exc: StoreUnavailable) -> None:
         """Back off, unhealthy, and take every partition again from what Redis last confirmed:
         whether the failed write landed is for the continuity check to say."""
-        self._unavailable += 1
-        self._note(f"Redis unavailable: {exc}")
-        if self._unavailable == 1:
-            self.health_listener(False)
+        backoff = self.store_unavailable(exc)
         for partition in list(self.owned):
             self._rewind(partition)
-        self.stopping.wait(self.backoff_s(self._unavailable))
+        self.stopping.wait(backoff)
 
     def _audit(self) -> None:
         """About once a second, each owned partition: does Redis still hold what was applied?
@@ -261,7 +254,7 @@ class SinkWorker(ConsumerDriver):
                     failed_at_ms=now_ms(),
                 )
                 producer.produce(self.dlq_topic, letter.SerializeToString(), key=record.key())
-            producer.send_offsets([TopicPartition(self.topic, partition, last + 1)], consumer)
+            self.intake.send(producer, consumer, [TopicPartition(self.topic, partition, last + 1)])
 
         result = producer.transact(write)
         self._count_transaction(result.outcome)
@@ -296,7 +289,7 @@ class SinkWorker(ConsumerDriver):
         def write() -> None:
             for ack_partition, value in sealed:
                 producer.produce(self.acks_topic, value, partition=ack_partition)
-            producer.send_offsets([TopicPartition(self.topic, partition, last + 1)], consumer)
+            self.intake.send(producer, consumer, [TopicPartition(self.topic, partition, last + 1)])
 
         result = producer.transact(write)
         self._count_transaction(result.outcome)

@@ -188,6 +188,7 @@ class ConsumerDriver:
         # Backpressure from downstream (a spout's trees in flight at their cap, Storm's
         # max.spout.pending): while it answers True the hop reads nothing, as if paused.
         self.held: Callable[[], bool] = lambda: False
+        self._unavailable = 0  # consecutive failures of the store (store_unavailable)
 
     # -- control (any thread) --------------------------------------------------------------
 
@@ -232,6 +233,26 @@ class ConsumerDriver:
     def backoff_s(self, failures: int) -> float:
         """The wait before retry ``failures`` (1, 2, ...): doubling, capped."""
         return min(self.settings.max_retry_backoff_s, self.settings.retry_backoff_s * 2.0 ** (failures - 1))
+
+    def store_unavailable(self, exc: Exception) -> float:
+        """The store (Redis) did not answer: unhealthy from the first failure in a row, which
+        operators and probes see; returns how long to wait before the next try. Both commit
+        strategies retry through this and `store_available`, each in its own way (the loop in
+        place, after catching its stores up; the sink from what Redis last confirmed)."""
+        self._unavailable += 1
+        self.stats.last_error = f"store unavailable: {exc}"
+        backoff = self.backoff_s(self._unavailable)
+        log.warning("%s: store unavailable (%s); retrying in %.1fs", self.name, exc, backoff)
+        if self._unavailable == 1:
+            self.health_listener(False)
+        return backoff
+
+    def store_available(self) -> None:
+        """The store answered: healthy again if it had not."""
+        if self._unavailable:
+            log.info("%s: store available again after %d tries", self.name, self._unavailable)
+            self._unavailable = 0
+            self.health_listener(True)
 
     def halve_batch_bound(self) -> None:
         """After a failed batch, with an adaptive bound: a smaller retry is cheaper to pick apart."""

@@ -211,26 +211,17 @@ class TransactionalLoop(ConsumerDriver, Generic[StoreT]):
         """Run a store operation, retrying with a doubling backoff while the store is unavailable
         (Redis down, MISCONF); the service is unhealthy meanwhile. Each retry first catches the
         stores up, whose continuity check decides whether the failed write landed."""
-        failures = 0
         repairs = self.stores.repairs if self.stores is not None else 0
         while True:
             try:
                 operation()
                 break
             except StoreUnavailable as exc:
-                failures += 1
-                self.stats.last_error = f"store unavailable: {exc}"
-                backoff = self.backoff_s(failures)
-                log.warning("%s: store unavailable (%s); retrying in %.1fs", self.stage.name, exc, backoff)
-                if failures == 1:
-                    self.health_listener(False)
-                if self.stopping.wait(backoff):
+                if self.stopping.wait(self.store_unavailable(exc)):
                     return
                 assert self.stores is not None
                 operation = retry or self.stores.catch_up
-        if failures:
-            log.info("%s: store available again after %d tries", self.stage.name, failures)
-            self.health_listener(True)
+        self.store_available()
         if self.stores is not None and self.stores.repairs > repairs:
             self.stats.last_error = f"store rebuilt from the changelog: {self.stores.last_repair}"
 
