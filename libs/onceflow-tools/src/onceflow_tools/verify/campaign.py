@@ -23,7 +23,6 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from onceflow.config import CommonSettings
 from onceflow.faults import ALLOW_ENV, SABOTAGE_ENV, VERIFY_SABOTAGES
@@ -39,7 +38,7 @@ from onceflow_tools.verify.schedule import KINDS, SOURCE_KINDS, FaultSchedule, a
 from onceflow_tools.verify.source_mode import SourceTopic
 from onceflow_tools.verify.spark_faults import SPARK_KINDS
 from onceflow_tools.verify.supervisor import SERVICES, WITH_SOURCE, Supervisor
-from onceflow_tools.workloads import auctionbids, nexmark, usersum
+from onceflow_tools.workloads import ResultTable, auctionbids, nexmark, usersum
 from onceflow_tools.workloads.senders import Senders
 
 log = logging.getLogger(__name__)
@@ -124,9 +123,9 @@ class Workload:
 
     records: list[IngestRecord]
     compute_settings: dict[str, str]
-    batch_answer: Callable[[], dict[str, dict]]
-    fold_answer: Callable[[], dict[str, dict]]
-    sink_table: Callable[[str], dict[str, dict]]
+    batch_answer: Callable[[], ResultTable]
+    fold_answer: Callable[[], ResultTable]
+    sink_table: Callable[[str], ResultTable]
 
 
 def workload(options: CampaignOptions) -> Workload:
@@ -211,7 +210,7 @@ def run(options: CampaignOptions, on_progress: Callable[[Progress], None] = lamb
             delete_prefix(connect(common.redis_url), prefix)
 
 
-def _batch_answer(load: Workload, note: Callable[[str], None]) -> dict[str, dict]:
+def _batch_answer(load: Workload, note: Callable[[str], None]) -> ResultTable:
     """The reference answer (Spark over the workload as one bounded input). Its JVM can fail to
     start on a loaded machine (pyspark's JAVA_GATEWAY_EXITED, seen once in a suite run): that is
     the checker's tool failing, not the pipeline, so it gets one more try."""
@@ -223,10 +222,10 @@ def _batch_answer(load: Workload, note: Callable[[str], None]) -> dict[str, dict
 
 
 def _sink_rows(
-    load: Workload, supervisor: Supervisor, refresh: Callable[[], None], until: Callable[[dict], bool], deadline: float,
-) -> dict[str, dict]:
+    load: Workload, supervisor: Supervisor, refresh: Callable[[], None], until: Callable[[ResultTable], bool], deadline: float,
+) -> ResultTable:
     """The sink's table, read through Query until ``until`` holds or the deadline passes."""
-    rows: dict[str, dict] = {}
+    rows: ResultTable = {}
     while True:
         refresh()
         try:
@@ -304,7 +303,7 @@ class Campaign:
         if self.options.late_resends:
             self.senders.resend_earlier(LATE_BATCHES_PER_FAULT)
 
-    def _batch_answer_meanwhile(self) -> Future[dict[str, dict[str, Any]]]:
+    def _batch_answer_meanwhile(self) -> Future[ResultTable]:
         """The reference answer depends on the workload alone: Spark computes it while the
         clients send, instead of after them (a Spark start and job, 30-60 s on a busy 2-core
         machine)."""
@@ -356,7 +355,7 @@ class Campaign:
 
     # -- settling -----------------------------------------------------------------------------
 
-    def _batch_rows(self, batch_answer: Future[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    def _batch_rows(self, batch_answer: Future[ResultTable]) -> ResultTable:
         self.progress.phase = "computing the batch answer (Spark)"
         self.on_progress(self.progress)
         batch_rows = batch_answer.result()
@@ -368,7 +367,7 @@ class Campaign:
         """What is not yet through: the source's copying (--source), then the pipeline."""
         return (self.source.behind() if self.source else []) or undrained(self.common, self.job)
 
-    def _settle(self, batch_rows: dict[str, dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    def _settle(self, batch_rows: ResultTable) -> tuple[ResultTable, list[str]]:
         """The sink's table once the pipeline drained (or the settle time is out), and what was
         still in flight then."""
         self.progress.phase = "waiting for the sink to converge"
@@ -402,7 +401,7 @@ class Campaign:
     # -- checking -----------------------------------------------------------------------------
 
     def _check(
-        self, expected: set[str], rows: dict[str, dict[str, Any]], batch_rows: dict[str, dict[str, Any]], injected: dict[str, int], behind: list[str],
+        self, expected: set[str], rows: ResultTable, batch_rows: ResultTable, injected: dict[str, int], behind: list[str],
     ) -> Verdict:
         self.progress.phase = "checking every topic"
         self.on_progress(self.progress)
