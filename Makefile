@@ -105,8 +105,8 @@ fuzz: setup
 test-fast: setup browser tilt compose-schema
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not fault and not cluster and not spark_cluster and not extended and not fuzz"
 
-# mypy over the packages `[tool.mypy]` in pyproject.toml lists (the core, the client and every
-# service), with the generated wire contracts' .pyi stubs. tests/test_types.py runs the same
+# mypy over the packages `[tool.mypy]` in pyproject.toml lists (the core, the client, every
+# service, the tools and the bench scripts), with the generated wire contracts' .pyi stubs. tests/test_types.py runs the same
 # check in the suite.
 typecheck: proto
 	$(PY) -m mypy

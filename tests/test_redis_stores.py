@@ -75,18 +75,18 @@ def test_the_sink_script_fences_stale_owners_and_refuses_a_redis_that_went_back(
     assert tables.apply(0, new_token, -1, 39, [Change("-", JOB, "k")]).outcome is Outcome.APPLIED
 
 
-def test_the_sabotaged_sink_script_trusts_a_rolled_back_redis(client, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_sabotaged_sink_script_trusts_a_rolled_back_redis(client) -> None:
     """The checker's other half: without continuity the same rollback goes unseen."""
-    monkeypatch.setattr(faults, "_sabotages", frozenset({"redis_unchecked"}))
     connection, prefix = client
-    tables = ResultTables(connection, prefix)
-    token, _ = tables.take_ownership(0)
-    tables.apply(0, token, -1, 9, [Change("+", JOB, "k", b"v1")])
-    saved = snapshot(connection, prefix)
-    tables.apply(0, token, 9, 19, [Change("+", JOB, "k", b"v2")])
-    roll_back(connection, prefix, saved)
-    assert tables.apply(0, token, 19, 29, [Change("+", JOB, "j", b"x")]).outcome is Outcome.APPLIED
-    assert tables.get(JOB, "k") == b"v1"  # wrong, and nothing said so
+    with faults.sabotaging("redis_unchecked"):
+        tables = ResultTables(connection, prefix)
+        token, _ = tables.take_ownership(0)
+        tables.apply(0, token, -1, 9, [Change("+", JOB, "k", b"v1")])
+        saved = snapshot(connection, prefix)
+        tables.apply(0, token, 9, 19, [Change("+", JOB, "k", b"v2")])
+        roll_back(connection, prefix, saved)
+        assert tables.apply(0, token, 19, 29, [Change("+", JOB, "j", b"x")]).outcome is Outcome.APPLIED
+        assert tables.get(JOB, "k") == b"v1"  # wrong, and nothing said so
 
 
 def dedup_store(connection: redis.Redis, prefix: str) -> DedupStore:
