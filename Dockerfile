@@ -11,6 +11,7 @@ WORKDIR /app
 COPY pyproject.toml uv.lock ./
 COPY libs ./libs
 COPY services ./services
+COPY tools ./tools
 COPY proto ./proto
 COPY infra/topics.toml ./infra/topics.toml
 RUN uv run --no-project --with grpcio-tools==1.85.1 proto/generate.sh python

@@ -1,6 +1,6 @@
 """Imports flow one way: the wire contracts (libs/onceflow-wire) -> the client
 (libs/onceflow-client) -> the runtime core (libs/onceflow) -> the services -> the tools
-(libs/onceflow-tools). Every import counts, also one inside a function: a service image has
+(tools). Every import counts, also one inside a function: a service image has
 the core and its own package installed and nothing else, so an upward import fails there."""
 
 from __future__ import annotations
@@ -99,3 +99,12 @@ def test_the_check_can_fail(tmp_path: Path) -> None:
     package.mkdir()
     (package / "m.py").write_text("def f():\n    from onceflow_tools.infra import paths\n")
     assert violations(package, {"onceflow_tools"}) == ["pkg/m.py:2 imports onceflow_tools"]
+
+
+def test_the_folders_show_the_layers() -> None:
+    """libs/ holds the layers everything stands on (the wire, the client, the core); the services
+    stand on them; tools/ (CLI, infra, verify, the bench harness, the console) stands on top."""
+    assert {p.name for p in (ROOT / "libs").iterdir() if (p / "pyproject.toml").is_file()} == {
+        "onceflow-wire", "onceflow-client", "onceflow",
+    }
+    assert (ROOT / "tools" / "src" / "onceflow_tools" / "__init__.py").is_file()

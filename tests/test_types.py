@@ -123,7 +123,7 @@ def test_no_module_uses_another_modules_private_names() -> None:
 
 def test_the_private_names_rule_covers_the_tools_and_the_benches() -> None:
     checked = {str(path.relative_to(ROOT)) for path in sources()}
-    assert "libs/onceflow-tools/src/onceflow_tools/bench/hops.py" in checked
+    assert "tools/src/onceflow_tools/bench/hops.py" in checked
     assert "bench/source_throughput.py" in checked
 
 

@@ -121,12 +121,15 @@ def _members(common: CommonSettings, group: str) -> int:
 
 def _merge_behind(common: CommonSettings, name: str) -> Behind | None:
     partials = common.topic(job_topic(Topic.COMPUTE_PARTIALS, name))
+    group = COMPUTE_MERGE.group_id(common.topic_prefix, name)
     try:
         ends = positions.stable_ends(common, partials)
+        at = positions.group_positions(common, group, partials)
     except KafkaException:
-        return None  # not created yet: no worker has started
-    group = COMPUTE_MERGE.group_id(common.topic_prefix, name)
-    return positions.behind(common, partials, positions.group_positions(common, group, partials), ends)
+        # Not created yet (no worker has started), or just created and still without a leader
+        # (NOT_LEADER_FOR_PARTITION, seen by a status asked as the first worker made it): unknown.
+        return None
+    return positions.behind(common, partials, at, ends)
 
 
 def lagging(common: CommonSettings, tables: ResultTables, record: JobRecord, version: Version) -> list[str]:
