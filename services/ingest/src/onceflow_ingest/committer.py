@@ -7,7 +7,6 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from onceflow import faults, metrics, spout
@@ -15,6 +14,7 @@ from onceflow.config import CommonSettings
 from onceflow.spout import NewRecord
 from onceflow.trees import InFlightTrees, Waiter
 from onceflow.txn.batching import Batcher, BatchPolicy
+from onceflow.txn.counting import count_aborted, count_committed
 from onceflow.txn.errors import FencedError
 from onceflow.txn.producer import TxnOutcome, open_producer
 
@@ -223,9 +223,8 @@ class GroupCommitter:
     def _count_commit(self, group: list[Submission]) -> None:
         faults.point("after_commit")
         records = sum(len(submission.records) for submission in group)
-        self.stats.committed += 1
+        count_committed("ingest", self.stats)
         self.stats.records += records
-        metrics.TRANSACTIONS.labels("ingest", "committed").inc()
         metrics.RECORDS_OUT.labels("ingest").inc(records)
 
     def _after_fence(self, exc: FencedError) -> Exception:
@@ -252,9 +251,7 @@ class GroupCommitter:
         return OutcomeUnknown(f"transaction fenced, outcome unknown: {exc}")
 
     def _note_abort(self, message: str) -> None:
-        self.stats.aborted += 1
-        self.stats.last_error = message
-        metrics.TRANSACTIONS.labels("ingest", "aborted").inc()
+        count_aborted("ingest", self.stats, message)
 
     def _fail_queued(self, error: Exception) -> None:
         while True:

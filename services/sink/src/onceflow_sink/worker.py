@@ -40,11 +40,12 @@ from onceflow.codec import now_ms
 from onceflow.config import CommonSettings, LoopSettings
 from onceflow.kafka.records import offset_of, partition_of
 from onceflow.state.store import StoreUnavailable
+from onceflow.txn.counting import count_aborted, count_committed
 from onceflow.txn.driver import ConsumerDriver, LoopStats
 from onceflow.txn.errors import FencedError
 from onceflow.txn.letter_log import LETTERS
 from onceflow.txn.offsets import committed_offsets
-from onceflow.txn.producer import TxnOutcome
+from onceflow.txn.producer import Transacted, TxnOutcome
 from onceflow.v1.acker_pb2 import Anchor
 from onceflow.v1.envelope_pb2 import DeadLetter
 from onceflow.v1.results_pb2 import ResultChange
@@ -257,7 +258,7 @@ class SinkWorker(ConsumerDriver):
             self.intake.send(producer, consumer, [TopicPartition(self.topic, partition, last + 1)])
 
         result = producer.transact(write)
-        self._count_transaction(result.outcome)
+        self._count_transaction(result)
         if not result.committed:
             unknown = result.outcome is TxnOutcome.UNKNOWN
             self._note(f"dead letters: {'outcome unknown, producer recreated' if unknown else 'transaction aborted'} ({result.error})")
@@ -292,18 +293,17 @@ class SinkWorker(ConsumerDriver):
             self.intake.send(producer, consumer, [TopicPartition(self.topic, partition, last + 1)])
 
         result = producer.transact(write)
-        self._count_transaction(result.outcome)
+        self._count_transaction(result)
         if not result.committed:
             # Safe to lose (module docstring): the trees time out and the gate drops the replays.
             self.stats.acks_lost += len(anchors)
             self._note(f"acks not sent ({result.error}); their trees will time out and be replayed")
 
-    def _count_transaction(self, outcome: TxnOutcome) -> None:
-        if outcome is TxnOutcome.COMMITTED:
-            self.stats.committed += 1
+    def _count_transaction(self, result: Transacted[None]) -> None:
+        if result.committed:
+            count_committed("sink", self.stats)
         else:
-            self.stats.aborted += 1
-        metrics.TRANSACTIONS.labels("sink", "committed" if outcome is TxnOutcome.COMMITTED else "aborted").inc()
+            count_aborted("sink", self.stats, f"transaction {result.outcome.name.lower()}: {result.error}")
 
     def _note(self, message: str) -> None:
         self.stats.last_error = message

@@ -30,6 +30,7 @@ from onceflow.state.store import StoreDiverged, StoreT, StoreUnavailable
 from onceflow.state.stores import Changelog, PartitionStores
 from onceflow.topology import Hop, job_topic
 from onceflow.txn.batch import Batch, Stage
+from onceflow.txn.counting import count_aborted, count_committed
 from onceflow.txn.driver import ConsumerDriver, Intake
 from onceflow.txn.producer import TxnOutcome
 
@@ -284,12 +285,11 @@ class TransactionalLoop(ConsumerDriver, Generic[StoreT]):
 
     def _count_commit(self, batch: Batch[StoreT], count: int, started: float) -> None:
         produced = len(batch.outputs) + len(batch.new_roots) - batch.dead_letters
-        self.stats.committed += 1
+        count_committed(self.stage.name, self.stats)
         self.stats.records_in += count
         self.stats.records_out += produced
         self.stats.dead_letters += batch.dead_letters
         name = self.stage.name
-        metrics.TRANSACTIONS.labels(name, "committed").inc()
         metrics.RECORDS_IN.labels(name).inc(count)
         metrics.RECORDS_OUT.labels(name).inc(produced)
         metrics.DEAD_LETTERS.labels(name).inc(batch.dead_letters)
@@ -299,9 +299,7 @@ class TransactionalLoop(ConsumerDriver, Generic[StoreT]):
         metrics.COMMIT_SECONDS.labels(name).observe(elapsed)
 
     def _note_failure(self, message: str) -> None:
-        self.stats.aborted += 1
-        self.stats.last_error = message
-        metrics.TRANSACTIONS.labels(self.stage.name, "aborted").inc()
+        count_aborted(self.stage.name, self.stats, message)
         log.warning("%s: %s", self.stage.name, message)
 
     def _resync(self) -> None:
