@@ -7,9 +7,9 @@ from pydantic_settings import SettingsConfigDict
 
 from onceflow import topology
 from onceflow.config import (
-    ServiceSettings,
     CommonSettings,
     LoopSettings,
+    ServiceSettings,
     grpc_port_setting,
     instance_setting,
     metrics_port_setting,

@@ -12,9 +12,9 @@ from pydantic_settings import SettingsConfigDict
 from onceflow import topology
 from onceflow.producers import Producers, is_loopback
 from onceflow.config import (
-    ServiceSettings,
     CommonSettings,
     LoopSettings,
+    ServiceSettings,
     grpc_port_setting,
     instance_setting,
     metrics_port_setting,
