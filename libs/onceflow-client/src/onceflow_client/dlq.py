@@ -24,12 +24,16 @@ from google.protobuf.message import DecodeError, Message
 from onceflow.v1.compute_pb2 import PartialAggregate
 from onceflow.v1.envelope_pb2 import DeadLetter, Envelope
 from onceflow.v1.results_pb2 import ResultChange
+from onceflow_client.topics import Topic
 
 # Every topic a stage writes DeadLetter values to, before ONCEFLOW_TOPIC_PREFIX (the same as
 # onceflow.topology.DLQS plus compute.late, the too-late records of windowed jobs; a test in
 # tests/test_dlq.py keeps the two in step).
-DLQ_TOPICS: tuple[str, ...] = (
-    "ingest.dlq", "source.dlq", "dedup.dlq", "compute.dlq", "compute.late", "sink.dlq", "acker.dlq",
+DLQ_TOPICS: tuple[str, ...] = tuple(
+    str(t) for t in (
+        Topic.INGEST_DLQ, Topic.SOURCE_DLQ, Topic.DEDUP_DLQ, Topic.COMPUTE_DLQ, Topic.COMPUTE_LATE, Topic.SINK_DLQ,
+        Topic.ACKER_DLQ,
+    )
 )
 # The map hop names the job in the reasons it writes ("job wordcount failed on this record: ...",
 # "late: job q8: ..."); the merge hop's original names it in its PartialAggregate.

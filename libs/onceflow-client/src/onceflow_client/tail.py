@@ -17,11 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onceflow.v1.results_pb2 import ResultChange
+from onceflow_client.topics import Topic
 
-RESULTS_TOPIC = "compute.results"
+RESULTS_TOPIC = str(Topic.COMPUTE_RESULTS)
 # Which version of a job its plain name reads (docs/jobs.md#versions-and-bluegreen): the last
 # JSON record per job, its `live` the version number (0: none promoted: the plain name's table).
-REGISTRY_TOPIC = "jobs.registry"
+REGISTRY_TOPIC = str(Topic.JOBS_REGISTRY)
 # The pipeline's setting, read as the services read it: a tail built with no topic_prefix follows
 # the pipeline its environment names, not the unprefixed one (which on a shared broker may be
 # someone else's, or empty).
