@@ -14,7 +14,7 @@ from onceflow.config import CommonSettings
 from onceflow.spout import NewRecord
 from onceflow.trees import InFlightTrees, Waiter
 from onceflow.txn.batching import Batcher, BatchPolicy
-from onceflow.txn.counting import count_aborted, count_committed
+from onceflow.txn.commit import commit, count_aborted
 from onceflow.txn.errors import FencedError
 from onceflow.txn.producer import TxnOutcome, open_producer
 
@@ -181,15 +181,16 @@ class GroupCommitter:
         error: Exception | None = None
         for attempt in range(1, _ABORT_RETRIES + 1):
             try:
-                result = self._producer.transact(lambda: self._write(group))
+                result = commit(
+                    "ingest", self._producer, self.stats, lambda: self._write(group),
+                    after_commit=lambda: self._count_records(group),  # noqa: B023 - called at once
+                )
             except FencedError as exc:
                 error = self._after_fence(exc)
                 break
             if result.committed:
-                self._count_commit(group)
                 error = None
                 break
-            self._note_abort(str(result.error))
             if result.outcome is TxnOutcome.UNKNOWN:
                 log.warning("commit outcome unknown (%s); the producer was recreated", result.error)
                 error = OutcomeUnknown(f"commit outcome unknown: {result.error}")
@@ -220,10 +221,8 @@ class GroupCommitter:
         spout.produce_new_records(producer, self._topic, records, self._acking.inits if self._acking else None)
         faults.point("after_produce", before_crash=producer.flush)
 
-    def _count_commit(self, group: list[Submission]) -> None:
-        faults.point("after_commit")
+    def _count_records(self, group: list[Submission]) -> None:
         records = sum(len(submission.records) for submission in group)
-        count_committed("ingest", self.stats)
         self.stats.records += records
         metrics.RECORDS_OUT.labels("ingest").inc(records)
 

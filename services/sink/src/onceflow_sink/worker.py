@@ -40,12 +40,12 @@ from onceflow.codec import now_ms
 from onceflow.config import CommonSettings, LoopSettings
 from onceflow.kafka.records import offset_of, partition_of
 from onceflow.state.store import StoreUnavailable
-from onceflow.txn.counting import count_aborted, count_committed
+from onceflow.txn.commit import commit
 from onceflow.txn.driver import ConsumerDriver, LoopStats
 from onceflow.txn.errors import FencedError
 from onceflow.txn.letter_log import LETTERS
 from onceflow.txn.offsets import committed_offsets
-from onceflow.txn.producer import Transacted, TxnOutcome
+from onceflow.txn.producer import TxnOutcome
 from onceflow.v1.acker_pb2 import Anchor
 from onceflow.v1.envelope_pb2 import DeadLetter
 from onceflow.v1.results_pb2 import ResultChange
@@ -245,7 +245,7 @@ class SinkWorker(ConsumerDriver):
     def _write_letters(self, partition: int, letters: list[tuple[Message, str]], last: int) -> bool:
         """Dead letters and the batch's consumer offset in one transaction. False: not written
         (the partition is rewound to retry the batch)."""
-        producer, consumer = self.producer, self.consumer
+        producer = self.producer
 
         def write() -> None:
             for record, reason in letters:
@@ -255,10 +255,8 @@ class SinkWorker(ConsumerDriver):
                     failed_at_ms=now_ms(),
                 )
                 producer.produce(self.dlq_topic, letter.SerializeToString(), key=record.key())
-            self.intake.send(producer, consumer, [TopicPartition(self.topic, partition, last + 1)])
 
-        result = producer.transact(write)
-        self._count_transaction(result)
+        result = commit("sink", producer, self.stats, write, positions=lambda: self._send_position(partition, last))
         if not result.committed:
             unknown = result.outcome is TxnOutcome.UNKNOWN
             self._note(f"dead letters: {'outcome unknown, producer recreated' if unknown else 'transaction aborted'} ({result.error})")
@@ -273,7 +271,7 @@ class SinkWorker(ConsumerDriver):
         return True
 
     def _send_acks(self, partition: int, anchors: list[Anchor], last: int) -> None:
-        producer, consumer = self.producer, self.consumer
+        producer = self.producer
         buffer = acks.AckBuffer(self.ack_partitions)
         anchoring = acks.Anchoring(self.ack_partitions, "sink")
         for anchor in anchors:
@@ -290,20 +288,16 @@ class SinkWorker(ConsumerDriver):
         def write() -> None:
             for ack_partition, value in sealed:
                 producer.produce(self.acks_topic, value, partition=ack_partition)
-            self.intake.send(producer, consumer, [TopicPartition(self.topic, partition, last + 1)])
 
-        result = producer.transact(write)
-        self._count_transaction(result)
+        result = commit("sink", producer, self.stats, write, positions=lambda: self._send_position(partition, last))
         if not result.committed:
             # Safe to lose (module docstring): the trees time out and the gate drops the replays.
             self.stats.acks_lost += len(anchors)
             self._note(f"acks not sent ({result.error}); their trees will time out and be replayed")
 
-    def _count_transaction(self, result: Transacted[None]) -> None:
-        if result.committed:
-            count_committed("sink", self.stats)
-        else:
-            count_aborted("sink", self.stats, f"transaction {result.outcome.name.lower()}: {result.error}")
+    def _send_position(self, partition: int, last: int) -> None:
+        """Inside the transaction: the partition's consumer offset past ``last`` commits with it."""
+        self.intake.send(self.producer, self.consumer, [TopicPartition(self.topic, partition, last + 1)])
 
     def _note(self, message: str) -> None:
         self.stats.last_error = message

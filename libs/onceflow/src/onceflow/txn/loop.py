@@ -30,7 +30,7 @@ from onceflow.state.store import StoreDiverged, StoreT, StoreUnavailable
 from onceflow.state.stores import Changelog, PartitionStores
 from onceflow.topology import Hop, job_topic
 from onceflow.txn.batch import Batch, Stage
-from onceflow.txn.counting import count_aborted, count_committed
+from onceflow.txn.commit import commit, count_aborted
 from onceflow.txn.driver import ConsumerDriver, Intake
 from onceflow.txn.producer import TxnOutcome
 
@@ -161,25 +161,27 @@ class TransactionalLoop(ConsumerDriver, Generic[StoreT]):
                 callback()
             return
         changelog_offsets: dict[int, int] = {}
-        result = self.producer.transact(lambda: self._write_batch(batch, records, changelog_offsets))
+        sabotaged = bool(records) and faults.sabotaged("offsets_outside_txn")
+        if sabotaged:  # the checker's proof that it can fail: never do this
+            self.consumer.commit(offsets=self._next_offsets(records), asynchronous=False)
+        result = commit(
+            self.stage.name, self.producer, self.stats,
+            write=lambda: self._write_batch(batch, changelog_offsets),
+            positions=None if not records or sabotaged else lambda: self.intake.send(
+                self.producer, self.consumer, self._next_offsets(records)
+            ),
+            after_commit=lambda: self._after_commit(batch, changelog_offsets),
+        )
         if not result.committed:
-            if result.outcome is TxnOutcome.UNKNOWN:
-                self._note_failure(f"indefinite transaction outcome, producer recreated: {result.error}")
-            else:
-                self._note_failure(f"transaction aborted: {result.error}")
+            unknown = result.outcome is TxnOutcome.UNKNOWN
+            self.stats.last_error = (
+                f"indefinite transaction outcome, producer recreated: {result.error}" if unknown
+                else f"transaction aborted: {result.error}"
+            )
+            log.warning("%s: %s", self.stage.name, self.stats.last_error)
             self._resync()
             return
-        faults.point("after_commit")
-        if self.stores is not None:
-            stores = self.stores
-            for partition, overlay in batch.overlays.items():
-                offset = changelog_offsets.get(partition)
-                checkpoint = None if offset is None else offset + 1
-                # Committed whatever happens here: a store that misses it is caught up later.
-                self._guard_store(lambda: stores.apply_committed(partition, overlay.changes, checkpoint))  # noqa: B023
-        for callback in batch.after_commit:
-            callback()
-        self._count_commit(batch, len(records), started)
+        self._count_records(batch, len(records), started)
         if self.stats.stage_failures:
             log.info("%s: a batch committed again after %d failed attempts", self.stage.name, self.stats.stage_failures)
             self.stats.stage_failures = 0
@@ -244,19 +246,28 @@ class TransactionalLoop(ConsumerDriver, Generic[StoreT]):
         self.stopping.wait(backoff)
         self._resync()
 
-    def _write_batch(self, batch: Batch[StoreT], records: list[Message], changelog_offsets: dict[int, int]) -> None:
-        """The body of one transaction; fills ``changelog_offsets`` with the last changelog
+    def _after_commit(self, batch: Batch[StoreT], changelog_offsets: dict[int, int]) -> None:
+        """The stores take the committed overlay, then whatever waits on the batch is settled."""
+        if self.stores is not None:
+            stores = self.stores
+            for partition, overlay in batch.overlays.items():
+                offset = changelog_offsets.get(partition)
+                checkpoint = None if offset is None else offset + 1
+                # Committed whatever happens here: a store that misses it is caught up later.
+                self._guard_store(lambda: stores.apply_committed(partition, overlay.changes, checkpoint))  # noqa: B023
+        for callback in batch.after_commit:
+            callback()
+
+    def _write_batch(self, batch: Batch[StoreT], changelog_offsets: dict[int, int]) -> None:
+        """The writes of one transaction; fills ``changelog_offsets`` with the last changelog
         offset written per partition (delivery reports, served by the commit)."""
-        producer, consumer = self.producer, self.consumer
+        producer = self.producer
 
         def track_changelog(err: KafkaError | None, msg: Message) -> None:
             if err is None:
                 partition = partition_of(msg)
                 changelog_offsets[partition] = max(changelog_offsets.get(partition, -1), offset_of(msg))
 
-        sabotaged = bool(records) and faults.sabotaged("offsets_outside_txn")
-        if sabotaged:  # the checker's proof that it can fail: never do this
-            consumer.commit(offsets=self._next_offsets(records), asynchronous=False)
         faults.point("before_produce")
         self._write_new_roots(batch)
         for out in batch.outputs:
@@ -266,8 +277,6 @@ class TransactionalLoop(ConsumerDriver, Generic[StoreT]):
                 for key, value in overlay.changes.items():
                     producer.produce(self.stores.changelog_topic, value, key, partition, on_delivery=track_changelog)
         faults.point("after_produce", before_crash=producer.flush)
-        if records and not sabotaged:
-            self.intake.send(producer, consumer, self._next_offsets(records))
 
     def _write_new_roots(self, batch: Batch[StoreT]) -> None:
         """A spout stage's records, each run of one topic and timeout as ingest writes them."""
@@ -283,9 +292,8 @@ class TransactionalLoop(ConsumerDriver, Generic[StoreT]):
             nxt[key] = max(nxt.get(key, 0), offset_of(record) + 1)
         return [TopicPartition(topic, partition, offset) for (topic, partition), offset in nxt.items()]
 
-    def _count_commit(self, batch: Batch[StoreT], count: int, started: float) -> None:
+    def _count_records(self, batch: Batch[StoreT], count: int, started: float) -> None:
         produced = len(batch.outputs) + len(batch.new_roots) - batch.dead_letters
-        count_committed(self.stage.name, self.stats)
         self.stats.records_in += count
         self.stats.records_out += produced
         self.stats.dead_letters += batch.dead_letters
