@@ -101,10 +101,28 @@ def test_the_check_can_fail(tmp_path: Path) -> None:
     assert violations(package, {"onceflow_tools"}) == ["pkg/m.py:2 imports onceflow_tools"]
 
 
+LIBS = {"onceflow-wire", "onceflow-client", "onceflow"}
+
+
+def folder_problems(root: Path) -> list[str]:
+    """What is out of place: a package in libs/ that is not one of the base layers, or no tools/."""
+    found = {p.name for p in (root / "libs").iterdir() if (p / "pyproject.toml").is_file()}
+    problems = [f"libs/{name} is not a base layer (the wire, the client, the core)" for name in sorted(found - LIBS)]
+    if not (root / "tools" / "pyproject.toml").is_file():
+        problems.append("no tools/ package at the root")
+    return problems
+
+
 def test_the_folders_show_the_layers() -> None:
     """libs/ holds the layers everything stands on (the wire, the client, the core); the services
     stand on them; tools/ (CLI, infra, verify, the bench harness, the console) stands on top."""
-    assert {p.name for p in (ROOT / "libs").iterdir() if (p / "pyproject.toml").is_file()} == {
-        "onceflow-wire", "onceflow-client", "onceflow",
-    }
-    assert (ROOT / "tools" / "src" / "onceflow_tools" / "__init__.py").is_file()
+    assert folder_problems(ROOT) == []
+
+
+def test_the_folder_check_can_fail(tmp_path: Path) -> None:
+    for name in (*LIBS, "onceflow-tools"):  # the layout before issue 40
+        (tmp_path / "libs" / name).mkdir(parents=True)
+        (tmp_path / "libs" / name / "pyproject.toml").touch()
+    assert folder_problems(tmp_path) == [
+        "libs/onceflow-tools is not a base layer (the wire, the client, the core)", "no tools/ package at the root",
+    ]
