@@ -22,6 +22,7 @@ from grpc_health.v1 import health_pb2
 from onceflow.admin.tls import ClientTLS, channel
 from onceflow.config import CommonSettings, repo_root
 from onceflow.probe import check_health
+from onceflow_tools.infra import secure
 
 if TYPE_CHECKING:
     from onceflow_tools.infra.kafka import KafkaBroker
@@ -213,8 +214,6 @@ def pipeline_service(
         f"{upper}METRICS_PORT": "0",
         **{f"{upper}{key}": value for key, value in settings.items()},
     }
-    from onceflow_tools.infra import secure
-
     if secure.enabled():  # the service's own credentials, not the admin's (ADR 0029)
         env |= secure.service_env(name, CommonSettings().redis_url)
     return ServiceProcess(log_name or name, f"onceflow_{name}", env, log_dir, cwd=repo_root())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from onceflow_tools.infra import secure
 from onceflow_tools.cli import admin, batch, bench, console, demo, dlq, health, infra, job, nexmark, producer, query, source, stream, topology, verify
 
 app = typer.Typer(no_args_is_help=True, help="onceflow: exactly-once stream processing.")
@@ -24,6 +25,14 @@ app.command("console")(console.console)
 app.command("topology")(topology.topology)
 # Lazy: imports the compute package (and pyspark) only when it runs.
 app.command("batch")(batch.batch)
+
+
+@app.callback()
+def _reach_the_secure_stack() -> None:
+    """With ONCEFLOW_SECURE=1 every command reaches the secure stack with the settings
+    `onceflow infra up --secure` printed, where the user has not set them (docs/admin.md)."""
+    if secure.enabled():
+        secure.apply_client_env()
 
 
 def main() -> None:

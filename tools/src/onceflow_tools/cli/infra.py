@@ -246,7 +246,7 @@ def topics(
 
 @app.command()
 def acls(
-    service: Annotated[list[str] | None, typer.Option("--service", help="Only this service's (repeat). Default: every service.")] = None,
+    service: Annotated[list[str] | None, typer.Option("--service", help="Print only this service's (repeat). Default: every service. --apply always grants every service's.")] = None,
     apply: Annotated[
         bool, typer.Option("--apply", help="Create them on the broker (as the admin user), with each service's SCRAM user: what `infra up --secure` does.")
     ] = False,
@@ -275,7 +275,7 @@ def acls(
         except KafkaException as exc:
             err.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
             raise typer.Exit(1) from None
-        out.print(f"{count} ACL binding(s) in place on {common.kafka_bootstrap}", highlight=False)
+        out.print(f"{count} ACL binding(s), every service's, in place on {common.kafka_bootstrap}", highlight=False)
 
 
 @app.command("abort-hanging")
