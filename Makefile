@@ -131,6 +131,8 @@ bench: setup
 	$(PY) bench/acker_throughput.py
 	$(PY) bench/dedup_throughput.py
 	$(PY) bench/sink_apply.py
+	$(PY) bench/postgres_sink_apply.py
+	$(PY) bench/kafka_sink_throughput.py
 	$(PY) bench/compute_throughput.py
 	$(PY) bench/spark_cluster.py
 	$(PY) bench/nexmark.py

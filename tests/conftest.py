@@ -24,7 +24,9 @@ def _isolate_xdist_worker() -> None:
     index = int(worker.removeprefix("gw") or 0)
     if index == 0:
         return
-    from onceflow_tools.infra.settings import DEFAULT_KAFKA_CONTROLLER_PORT, DEFAULT_KAFKA_PORT, DEFAULT_REDIS_PORT
+    from onceflow_tools.infra.settings import (
+        DEFAULT_KAFKA_CONTROLLER_PORT, DEFAULT_KAFKA_PORT, DEFAULT_POSTGRES_PORT, DEFAULT_REDIS_PORT,
+    )
 
     home = repo_root() / ".onceflow" / "workers" / worker
     home.mkdir(parents=True, exist_ok=True)
@@ -38,6 +40,7 @@ def _isolate_xdist_worker() -> None:
         "ONCEFLOW_KAFKA_BOOTSTRAP": f"127.0.0.1:{DEFAULT_KAFKA_PORT + shift}",
         "ONCEFLOW_KAFKA_CONTROLLER_PORT": str(DEFAULT_KAFKA_CONTROLLER_PORT + shift),
         "ONCEFLOW_REDIS_URL": f"redis://127.0.0.1:{DEFAULT_REDIS_PORT + shift}/0",
+        "ONCEFLOW_POSTGRES_URL": f"postgresql://onceflow@127.0.0.1:{DEFAULT_POSTGRES_PORT + shift}/onceflow",
     })
 
 

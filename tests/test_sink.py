@@ -218,7 +218,7 @@ def test_a_redis_that_goes_back_is_rebuilt_and_one_that_refuses_writes_is_waited
     proc.wait_log("replaying compute.results from its start", 30)
     wait_applied(pipeline)
     assert redis_table(pipeline) == expected_table(pipeline)
-    assert fleet.query(endpoint, None, 5.0).status.gauges["redis_repairs"] >= 1
+    assert fleet.query(endpoint, None, 5.0).status.gauges["store_repairs"] >= 1
 
     client.config_set("min-replicas-to-write", 1)  # this Redis has no replica: every write is refused
     try:

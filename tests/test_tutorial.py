@@ -44,7 +44,7 @@ from onceflow import topology
 from onceflow.config import CommonSettings, repo_root
 from onceflow_client import QueryClient
 from onceflow_tools.infra.kafka import KafkaBroker
-from onceflow_tools.infra.settings import DEFAULT_KAFKA_PORT
+from onceflow_tools.infra.settings import DEFAULT_KAFKA_PORT, DEFAULT_POSTGRES_PORT
 from onceflow_tools.process import free_port, stack_dump
 from onceflow_tools.verify.check import undrained
 from tests.conftest import SHORT_LIVED_COMPUTE, eventually
@@ -92,7 +92,9 @@ def default_addresses() -> dict[str, str]:
     """The addresses the page may spell out: each service's default (infra/services.toml) and
     Kafka's, by the name of what listens there."""
     services = tomllib.loads((repo_root() / "infra" / "services.toml").read_text())["service"]
-    return {entry["address"]: entry["name"] for entry in services} | {f"127.0.0.1:{DEFAULT_KAFKA_PORT}": "kafka"}
+    return {entry["address"]: entry["name"] for entry in services} | {
+        f"127.0.0.1:{DEFAULT_KAFKA_PORT}": "kafka", f"127.0.0.1:{DEFAULT_POSTGRES_PORT}": "postgres",
+    }
 
 
 # A terminal's foreground job takes Ctrl-C. A suite started in the background (nohup, `&`, a CI
@@ -217,6 +219,7 @@ class Stack:
             "ONCEFLOW_KAFKA_BOOTSTRAP": self.bootstrap,
             "ONCEFLOW_KAFKA_CONTROLLER_PORT": str(self.ports["kafka-controller"]),
             "ONCEFLOW_REDIS_URL": self.common.redis_url,
+            "ONCEFLOW_POSTGRES_URL": f"postgresql://onceflow@127.0.0.1:{self.ports['postgres']}/onceflow",
             "PYTHONUNBUFFERED": "1",  # the tail's lines as they come, through a pipe
             **SHORT_LIVED_COMPUTE,
         })
@@ -293,7 +296,7 @@ def test_the_tutorial_runs_as_written_and_streaming_equals_batch_equals_the_fold
     stack = Stack(own_home(tmp_path))
     # Every service the services config names gets a port of its own, the optional source too
     # (the page never starts it; its entry must still move off the default port).
-    for name in ("kafka", "kafka-controller", "redis", *(service.name for service in topology.SERVICES)):
+    for name in ("kafka", "kafka-controller", "redis", "postgres", *(service.name for service in topology.SERVICES)):
         stack.ports[name] = free_port()
     env = stack.env()
     scripts = tmp_path / "blocks"
@@ -353,6 +356,8 @@ def test_the_tutorial_runs_as_written_and_streaming_equals_batch_equals_the_fold
         # per reason is the line that stays whole (the reason's words: test_map_stage).
         assert "1 dead letter(s) in" in everything and "compute: Rejected" in everything, everything
         assert "1 record(s) to refunds" in everything, everything
+        # Step 9 (issue 44): the sink rebuilt the table in PostgreSQL, and psql shows it.
+        assert "(5 rows)" in everything and " fig " in everything, everything
         scanned = next(json.loads(line) for line in everything.splitlines() if line.startswith('[{"key"'))
         assert {row["key"]: row["value"] for row in scanned} == {
             "apple": {"product": "apple", "refunds": 2, "refunded_cents": 150},

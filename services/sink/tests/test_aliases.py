@@ -12,7 +12,7 @@ from onceflow.config import CommonSettings
 from onceflow.versions import JobRecord, Version, VersionState
 
 from onceflow_sink.aliases import Alias, RegistryFollower, RegistryView
-from onceflow_sink.tables import _check_pinned
+from onceflow_sink.pages import check_pinned
 
 
 def version(number: int, state: VersionState = VersionState.SHADOW) -> Version:
@@ -76,7 +76,7 @@ def test_a_record_that_is_not_a_jobs_changes_nothing(key: bytes | None, value: b
     [("orders", "orders"), ("orders", "orders@2"), ("orders@2", "orders@2")],
 )
 def test_a_token_continues_a_table_of_the_job_asked_for(job: str, table: str) -> None:
-    _check_pinned(job, table)
+    check_pinned(job, table)
 
 
 @pytest.mark.parametrize(
@@ -92,7 +92,7 @@ def test_a_token_continues_a_table_of_the_job_asked_for(job: str, table: str) ->
 )
 def test_a_token_for_another_table_is_refused(job: str, table: str, reason: str) -> None:
     with pytest.raises(ValueError) as error:
-        _check_pinned(job, table)
+        check_pinned(job, table)
     assert reason in str(error.value)
 
 

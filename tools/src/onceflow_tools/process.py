@@ -199,6 +199,10 @@ class ServiceProcess:
         return "\n".join(text[-lines:])
 
 
+# A process that is not its package's main module: the Kafka output topic (ONCEFLOW_SINK_KAFKA_*).
+MODULES = {"sink_kafka": "onceflow_sink.kafka_output"}
+
+
 def pipeline_service(
     name: str, address: str, prefix: str, instance: str, log_dir: Path, log_name: str | None = None, **settings: str
 ) -> ServiceProcess:
@@ -216,7 +220,7 @@ def pipeline_service(
     }
     if secure.enabled():  # the service's own credentials, not the admin's (ADR 0029)
         env |= secure.service_env(name, CommonSettings().redis_url)
-    return ServiceProcess(log_name or name, f"onceflow_{name}", env, log_dir, cwd=repo_root())
+    return ServiceProcess(log_name or name, MODULES.get(name, f"onceflow_{name}"), env, log_dir, cwd=repo_root())
 
 
 def stack_dump(pid: int, native: bool = False) -> str:

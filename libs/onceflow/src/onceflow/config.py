@@ -118,6 +118,11 @@ class CommonSettings(BaseSettings):
         "its loop and its Query calls while it says SERVING (docs/redis.md). Longer than "
         "`ONCEFLOW_REDIS_WAIT_TIMEOUT_MS`.",
     )
+    postgres_url: str = Field(
+        default="postgresql://onceflow@127.0.0.1:15432/onceflow",
+        description="Where PostgreSQL is, for a sink that keeps its tables there: a libpq `postgresql://` URL. "
+        "`onceflow infra up --postgres` starts a local cluster on its port (docs/postgres.md).",
+    )
     topic_prefix: str = Field(
         default="",
         description="Prepended to every topic name (and consumer group, transactional id and Redis key), so several "

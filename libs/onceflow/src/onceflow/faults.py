@@ -19,6 +19,8 @@ worth testing (see ``POINTS``).
 - ``redis_unchecked``: the Redis stores (the gate's exact ids, the sink's tables) trust Redis
   blindly: no continuity check on writes or deciding reads, so a Redis that went back in time
   lets duplicates through and leaves wrong rows;
+- ``postgres_unchecked``: the sink's PostgreSQL tables skip the offset fence (the continuity
+  check): a database restored from an older backup is written on as if nothing happened;
 - ``sink_drops_acks``: the sink applies result changes but never acks their anchors, so no tree
   behind them completes (proof that ``wait=PROCESSED`` waits for the sink).
 
@@ -58,7 +60,7 @@ POINTS = (
 ENV = "ONCEFLOW_FAULT"
 SABOTAGE_ENV = "ONCEFLOW_SABOTAGE"
 # What `onceflow verify --sabotage` builds: each breaks exactly-once, so its checker must fail.
-VERIFY_SABOTAGES = ("offsets_outside_txn", "read_uncommitted", "redis_unchecked")
+VERIFY_SABOTAGES = ("offsets_outside_txn", "read_uncommitted", "redis_unchecked", "postgres_unchecked")
 # sink_drops_acks keeps exactly-once (trees time out, replays are dropped as duplicates): only
 # the wait=PROCESSED test uses it (tests/test_processed.py).
 SABOTAGES = (*VERIFY_SABOTAGES, "sink_drops_acks")

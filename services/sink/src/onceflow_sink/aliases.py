@@ -37,7 +37,7 @@ from onceflow.state.store import StoreUnavailable
 from onceflow.topology import check_job_name, versioned
 from onceflow.versions import JobRecord, VersionState
 
-from onceflow_sink.tables import ResultTables
+from onceflow.state.result_store import ResultStore
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ class RegistryFollower:
     """A daemon thread: ``jobs.registry`` (read_committed, group-less, from its start) into the
     aliases and the retired tables in Redis."""
 
-    def __init__(self, common: CommonSettings, tables: ResultTables, refresh_s: float = REFRESH_S) -> None:
+    def __init__(self, common: CommonSettings, tables: ResultStore, refresh_s: float = REFRESH_S) -> None:
         self._common = common
         self._tables = tables
         self._topic = registry_topic(common)

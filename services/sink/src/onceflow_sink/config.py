@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
@@ -33,6 +35,12 @@ class SinkSettings(ServiceSettings):
     port: int = grpc_port_setting(topology.SINK_SERVICE)
     metrics_port: int = metrics_port_setting(topology.SINK_SERVICE)
     instance: str = instance_setting(topology.SINK_SERVICE)
+    store: Literal["redis", "postgres"] = Field(
+        default="redis",
+        description="Where the result tables live: `redis` (`ONCEFLOW_REDIS_*`), or `postgres` (`ONCEFLOW_POSTGRES_URL`: "
+        "one SQL table per job, docs/services/sink.md). Both answer Query the same way and are kept exactly once "
+        "by the same fenced, offset-checked apply.",
+    )
     acking: bool = Field(
         default=True,
         description="Ack the applied changes' anchors to the acker, which ends their trees (off when nothing tracks the "

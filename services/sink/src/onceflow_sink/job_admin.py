@@ -16,7 +16,7 @@ from onceflow.v1 import jobs_pb2, jobs_pb2_grpc
 from onceflow.versions import JobRecord, Version
 
 from onceflow_sink import versions
-from onceflow_sink.tables import ResultTables
+from onceflow.state.result_store import ResultStore
 
 MAX_SAMPLE_S = 10.0
 MAX_WAIT_S = 600.0
@@ -39,7 +39,7 @@ def job_versions(record: JobRecord) -> jobs_pb2.JobVersions:
 
 
 class JobAdminServicer(jobs_pb2_grpc.JobAdminServicer):
-    def __init__(self, common: CommonSettings, tables: ResultTables) -> None:
+    def __init__(self, common: CommonSettings, tables: ResultStore) -> None:
         self._common = common
         self._tables = tables
 

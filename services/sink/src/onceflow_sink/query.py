@@ -13,7 +13,7 @@ from onceflow.admin import MAX_WORKERS, RESERVED_FOR_ADMIN, CallSlots
 from onceflow.topology import split
 from onceflow.v1 import sink_pb2, sink_pb2_grpc
 
-from onceflow_sink.tables import ResultTables
+from onceflow.state.result_store import ResultStore
 
 MAX_SCAN = 10_000
 # How long one Scan call steps through the table at most, whatever deadline its client set: a
@@ -24,7 +24,7 @@ QUERY_CALLS = MAX_WORKERS - RESERVED_FOR_ADMIN
 
 
 class QueryServicer(sink_pb2_grpc.QueryServicer):
-    def __init__(self, tables: ResultTables) -> None:
+    def __init__(self, tables: ResultStore) -> None:
         self._tables = tables
         self._slots = CallSlots(QUERY_CALLS)
 

@@ -1,5 +1,5 @@
-"""Composition: settings -> SinkWorker (the shared driver, offsets in Redis) over the result
-tables -> gRPC (Admin + Query + JobAdmin + health), run by the lifecycle every consuming service shares;
+"""Composition: settings -> SinkWorker (the shared driver, offsets in the store) over the result
+tables (Redis or PostgreSQL, ``stores.py``) -> gRPC (Admin + Query + JobAdmin + health), run by the lifecycle every consuming service shares;
 beside the loop, the RegistryFollower (jobs.registry -> the aliases Query reads through, and the
 retired versions the worker skips), started before it and stopped after it."""
 
@@ -10,40 +10,38 @@ import grpc
 from onceflow.admin import ServiceServer
 from onceflow.admin.loop_controls import LoopControls
 from onceflow.config import CommonSettings
-from onceflow.redis_client import connect
 from onceflow.runner import run_loop_service
+from onceflow.state.result_store import ResultStore
 from onceflow.v1 import jobs_pb2, jobs_pb2_grpc, sink_pb2, sink_pb2_grpc
 
 from onceflow_sink.aliases import RegistryFollower
 from onceflow_sink.config import SinkSettings
 from onceflow_sink.job_admin import JobAdminServicer
 from onceflow_sink.query import QueryServicer
-from onceflow_sink.tables import ResultTables
+from onceflow_sink.stores import open_store
 from onceflow_sink.worker import SinkWorker
 
 def gauges(worker: SinkWorker, follower: RegistryFollower) -> dict[str, float]:
     stats = worker.stats
     return {
         "dead_letters": float(stats.dead_letters), "acks_lost": float(stats.acks_lost),
-        # Partitions rebuilt from compute.results after Redis lost or rolled back writes.
-        "redis_repairs": float(stats.redis_repairs),
-        "redis_restarts_seen": float(worker.redis_restarts_seen),
+        # Partitions rebuilt from compute.results after the store lost or rolled back writes.
+        "store_repairs": float(stats.store_repairs),
+        "store_restarts_seen": float(worker.store_restarts_seen),
         # Changes of retired job versions, skipped; the jobs.registry offset the aliases follow.
         "retired_changes": float(stats.retired_changes),
         "registry_offset": float(follower.offset),
     }
 
 
-def add_servicers(server: grpc.Server, common: CommonSettings, tables: ResultTables) -> None:
+def add_servicers(server: grpc.Server, common: CommonSettings, tables: ResultStore) -> None:
     sink_pb2_grpc.add_QueryServicer_to_server(QueryServicer(tables), server)
     jobs_pb2_grpc.add_JobAdminServicer_to_server(JobAdminServicer(common, tables), server)
 
 
 def build(settings: SinkSettings) -> tuple[SinkWorker, ServiceServer, RegistryFollower]:
     common = settings.common
-    client = connect(common.redis_url)
-    client.ping()  # fail at startup, with the URL in the error, rather than at the first batch
-    tables = ResultTables(client, common.topic_prefix, common.redis_wait_replicas, common.redis_wait_timeout_ms)
+    tables = open_store(common, settings.store, check=True)
     follower = RegistryFollower(common, tables)
     worker = SinkWorker(common, settings.loop, tables, settings.instance, settings.acking, retired=follower.retired)
     server = ServiceServer.for_service(

@@ -30,15 +30,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import redis
-from google.protobuf.message import DecodeError
 
 from onceflow.state.fencing import Outcome, Position, Reply, take_token, token_check
 from onceflow.state.redis_store import RedisWatch, as_bytes, decode, expect, unavailable_on_error, wait_for_replicas
-from onceflow.topology import SEPARATOR, split
+from onceflow.state.result_store import Answer, Change, ScanPage
+from onceflow.topology import SEPARATOR
 from onceflow.v1.sink_pb2 import ScanPosition
+
+from onceflow_sink.pages import check_pinned, position_of
 
 # Scan's work per call (issue 39): each HSCAN step asks for this many fields at least (Redis
 # takes COUNT as a hint), and a call stops stepping once it has asked for this many in all.
@@ -100,30 +101,11 @@ return {1, ARGV[2]}
 """
 
 
-@dataclass(frozen=True)
-class Answer:
-    outcome: Outcome  # onceflow.state.fencing's: applied, checked, fenced, diverged, retaken
-    newest_token: int
-    stored: int  # the offset Redis holds, -1 for none
-
-
-@dataclass(frozen=True)
-class Change:
-    op: str  # "+" or "-"
-    job: str
-    key: str
-    value: bytes = b""
-    fingerprint: str = ""  # the job's state fingerprint ("" from workers that predate them)
-
-
-@dataclass(frozen=True)
-class ScanPage:
-    rows: list[tuple[str, bytes]]
-    token: bytes  # empty: the scan is done
-    table: str  # the table read: the job's alias resolved on the first page, pinned in the token
-
-
 class ResultTables:
+    """The result tables in Redis: the sink contract's first store (onceflow.state.result_store)."""
+
+    name = "Redis"
+
     def __init__(self, client: redis.Redis, topic_prefix: str, wait_replicas: int = 0, wait_timeout_ms: int = 1000) -> None:
         self._redis = client
         self._wait = (wait_replicas, wait_timeout_ms)
@@ -193,6 +175,16 @@ class ResultTables:
         stored = decode(reply.rest[0])  # every answer of these scripts says the offset Redis holds
         return Answer(reply.outcome, reply.newest_token, int(stored) if stored else -1)
 
+    def refusal(self, change: Change) -> str:
+        return ""  # a Redis hash holds any field and value
+
+    @property
+    def restarts_seen(self) -> int:
+        return self.watch.changes
+
+    def close(self) -> None:
+        self._redis.close()
+
     def watch_identity(self) -> None:
         with unavailable_on_error("sink"):
             self.watch.changed()
@@ -260,9 +252,9 @@ class ResultTables:
         answers an empty page with a token, not a scan of the whole table; the client goes on
         from the token. At least one step is taken, so every call makes progress.
         Raises ``ValueError`` for a token this method did not make, or made for another job."""
-        position = _position(token)
+        position = position_of(token)
         if position.table:
-            _check_pinned(job, position.table)
+            check_pinned(job, position.table)
         table = position.table or self.resolve(job)  # tokens made before the pin resolve again
         table_key = self.table_key(table)
         pending = list(position.pending_keys)
@@ -295,24 +287,6 @@ class ResultTables:
 
     def table(self, job: str) -> dict[bytes, bytes]:
         return {as_bytes(key): as_bytes(value) for key, value in self._redis.hgetall(self.table_key(job)).items()}
-
-
-def _position(token: bytes) -> ScanPosition:
-    try:
-        return ScanPosition.FromString(token)
-    except DecodeError:
-        raise ValueError("not a page token this service gave") from None
-
-
-def _check_pinned(job: str, table: str) -> None:
-    """A token's table must be one ``job`` may read: itself when ``job`` names a version, else
-    one of the job's versions or its unversioned table."""
-    try:
-        pinned, _version = split(table)
-    except ValueError:
-        raise ValueError("not a page token this service gave") from None
-    if table != job and (SEPARATOR in job or pinned != job):
-        raise ValueError(f"it continues a scan of table {table!r}, not of job {job!r}")
 
 
 def _glob_escape(text: str) -> str:

@@ -26,7 +26,7 @@ from onceflow.kafka.registry import RegistryWriter, read_registry
 from onceflow.topology import COMPUTE_MAP, COMPUTE_MERGE, Topic, job_topic, versioned
 from onceflow.versions import JobRecord, Version, VersionState
 
-from onceflow_sink.tables import ResultTables
+from onceflow.state.result_store import ResultStore
 
 
 class JobCommandError(ValueError):
@@ -132,7 +132,7 @@ def _merge_behind(common: CommonSettings, name: str) -> Behind | None:
     return positions.behind(common, partials, at, ends)
 
 
-def lagging(common: CommonSettings, tables: ResultTables, record: JobRecord, version: Version) -> list[str]:
+def lagging(common: CommonSettings, tables: ResultStore, record: JobRecord, version: Version) -> list[str]:
     """What the version still lacks before readers may see it ([] = caught up): its map hop
     behind the live version's (the end of its stream when none is live, or the live one reads
     another stream), its merge hop
@@ -157,7 +157,7 @@ def lagging(common: CommonSettings, tables: ResultTables, record: JobRecord, ver
     return [f"the sink is {applied} behind"] if applied.records else []
 
 
-def sink_behind(common: CommonSettings, tables: ResultTables) -> Behind:
+def sink_behind(common: CommonSettings, tables: ResultStore) -> Behind:
     """How far the sink is behind the end of compute.results (its offsets live in Redis)."""
     results = common.topic(Topic.COMPUTE_RESULTS)
     applied = {p: tables.applied_offset(p) + 1 for p in partitions_of(common, results)}
@@ -165,7 +165,7 @@ def sink_behind(common: CommonSettings, tables: ResultTables) -> Behind:
 
 
 def promote(
-    common: CommonSettings, tables: ResultTables, job: str, version: int, force: bool = False, wait_s: float = 0.0,
+    common: CommonSettings, tables: ResultStore, job: str, version: int, force: bool = False, wait_s: float = 0.0,
     on_wait: Callable[[list[str]], None] | None = None, alias_timeout_s: float = 30.0,
 ) -> JobRecord:
     """Switch the job's readers to ``version``: refused while it lags (``wait_s``: wait up to

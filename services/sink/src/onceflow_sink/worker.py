@@ -1,4 +1,6 @@
-"""The sink's loop: compute.results (read_committed) -> Redis, exactly once per change.
+"""The sink's loop: compute.results (read_committed) -> a result store (Redis or PostgreSQL:
+``onceflow.state.result_store``), exactly once per change. Redis is named below; PostgreSQL
+answers the same contract.
 
 Per partition batch:
 1. poison records (undecodable, no job or key, unknown op) past the partition's DLQ mark go to
@@ -50,7 +52,8 @@ from onceflow.v1.acker_pb2 import Anchor
 from onceflow.v1.envelope_pb2 import DeadLetter
 from onceflow.v1.results_pb2 import ResultChange
 
-from onceflow_sink.tables import Answer, Change, Outcome, ResultTables
+from onceflow.state.fencing import Outcome
+from onceflow.state.result_store import Answer, Change, ResultStore
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +79,7 @@ class SinkStats(LoopStats):
     """The driver's counters (records_out: changes applied to Redis) and the sink's own."""
 
     acks_lost: int = 0
-    redis_repairs: int = 0
+    store_repairs: int = 0
     retired_changes: int = 0  # changes of retired versions, skipped
     last_repair: str = ""
 
@@ -86,7 +89,7 @@ class SinkWorker(ConsumerDriver):
     fenced script call; dead letters and acks go to Kafka in transactions of their own."""
 
     def __init__(
-        self, common: CommonSettings, loop: LoopSettings, tables: ResultTables, instance: str,
+        self, common: CommonSettings, loop: LoopSettings, tables: ResultStore, instance: str,
         acking: bool, retired: Callable[[], frozenset[str]] = frozenset,
     ) -> None:
         """The sink hop as `topology.SINK` declares it, as ``instance``. ``retired``: the names
@@ -132,8 +135,8 @@ class SinkWorker(ConsumerDriver):
         self.store_available()
 
     @property
-    def redis_restarts_seen(self) -> int:
-        return self._tables.watch.changes
+    def store_restarts_seen(self) -> int:
+        return self._tables.restarts_seen
 
     def _store_unavailable(self, exc: StoreUnavailable) -> None:
         """Back off, unhealthy, and take every partition again from what Redis last confirmed:
@@ -160,7 +163,7 @@ class SinkWorker(ConsumerDriver):
         own = self.owned[partition]
         if answer.outcome is Outcome.FENCED:
             raise FencedError(
-                f"partition {partition}: Redis refused the write, token {own.token} is stale "
+                f"partition {partition}: {self._tables.name} refused the write, token {own.token} is stale "
                 f"(newest {answer.newest_token}): another sink instance owns this partition now"
             )
         if answer.outcome is not Outcome.DIVERGED:
@@ -169,7 +172,7 @@ class SinkWorker(ConsumerDriver):
             return True  # this very write landed before: its reply was lost and the client retried
         self._rebuild(
             partition,
-            f"Redis holds token {answer.newest_token}, offset {answer.stored}; "
+            f"{self._tables.name} holds token {answer.newest_token}, offset {answer.stored}; "
             f"this owner wrote token {own.token}, offset {own.applied}",
         )
         return False
@@ -184,7 +187,7 @@ class SinkWorker(ConsumerDriver):
         )
         own.replay_until = max(own.replay_until, own.applied)
         own.token, own.applied, own.rebuild_started = answer.newest_token, -1, time.monotonic()
-        self.stats.redis_repairs += 1
+        self.stats.store_repairs += 1
         self.stats.last_repair = f"partition {partition}: {reason}"
         metrics.STORE_REPAIRS.labels("sink").inc()
         self._rewind(partition)
@@ -212,7 +215,13 @@ class SinkWorker(ConsumerDriver):
             if change.job in retired:
                 skipped += 1  # its table is gone; its anchor is acked below all the same
             else:
-                changes.append(Change(_OPS[change.op], change.job, change.key, change.value, change.fingerprint))
+                applied = Change(_OPS[change.op], change.job, change.key, change.value, change.fingerprint)
+                refusal = self._tables.refusal(applied)
+                if refusal:  # the store cannot hold it (a key too long for its index): a letter, not a crash loop
+                    if offset_of(record) >= own.letters_done:
+                        letters.append((record, f"{self._tables.name} cannot hold this change: {refusal}"))
+                else:
+                    changes.append(applied)
             if change.HasField("anchor") and offset_of(record) > own.replay_until:
                 anchors.append(change.anchor)
         if letters and not self._write_letters(partition, letters, last):
@@ -335,7 +344,7 @@ class SinkWorker(ConsumerDriver):
                 ownership = self._tables.take_ownership(partition)
             except StoreUnavailable as exc:
                 failures += 1
-                self._note(f"Redis unavailable while taking partition {partition}: {exc}")
+                self._note(f"{self._tables.name} unavailable while taking partition {partition}: {exc}")
                 self.health_listener(False)
                 if self.stopping.wait(self.backoff_s(failures)):
                     return -1, -1

@@ -5,13 +5,14 @@ from __future__ import annotations
 import typer
 
 from onceflow_tools.infra import secure
-from onceflow_tools.cli import admin, batch, bench, console, demo, dlq, health, infra, job, nexmark, producer, query, source, stream, topology, verify
+from onceflow_tools.cli import admin, batch, bench, console, demo, dlq, health, infra, job, nexmark, producer, query, sink, source, stream, topology, verify
 
 app = typer.Typer(no_args_is_help=True, help="onceflow: exactly-once stream processing.")
 app.add_typer(infra.app, name="infra")
 app.add_typer(admin.app, name="admin")
 app.add_typer(query.app, name="query")
 app.add_typer(source.app, name="source")
+app.add_typer(sink.app, name="sink")
 app.add_typer(stream.app, name="stream")
 app.add_typer(producer.app, name="producer")
 app.add_typer(dlq.app, name="dlq")

@@ -19,13 +19,14 @@ from onceflow_tools.infra.kafka import KafkaBroker
 from onceflow_tools.infra.kafka import cluster as kafka_cluster
 from onceflow_tools.infra.paths import display_path
 from onceflow_tools.infra.plumbing import InfraError, tail
+from onceflow_tools.infra.postgres import PostgresServer
 from onceflow_tools.infra.redis import SENTINEL_MASTER, RedisServer
 from onceflow_tools.infra.redis import topology as redis_topology
 from onceflow_tools.infra.settings import InfraSettings
 from onceflow_tools.jobs import workers
 from onceflow_tools.infra.topics import TopicReplicationError, count_brokers, ensure_topics, load_specs, shared_specs
 
-app = typer.Typer(no_args_is_help=True, help="Local Kafka (KRaft), Redis and, if asked, a Spark cluster on 127.0.0.1.")
+app = typer.Typer(no_args_is_help=True, help="Local Kafka (KRaft), Redis and, if asked, PostgreSQL and a Spark cluster on 127.0.0.1.")
 out = Console()
 err = Console(stderr=True)
 T = TypeVar("T")
@@ -34,6 +35,7 @@ T = TypeVar("T")
 class Component(enum.StrEnum):
     kafka = "kafka"
     redis = "redis"
+    postgres = "postgres"
     spark = "spark"
 
 
@@ -80,6 +82,12 @@ def install() -> None:
     out.print(
         f"redis-server: {'installed' if installed else 'present'} ({RedisServer.binary()})", highlight=False
     )
+    # Reported only: `infra up --postgres` installs it when a sink needs it.
+    pg_bin = PostgresServer.bin_dir()
+    out.print(
+        f"postgresql: {f'present ({pg_bin})' if pg_bin else 'not installed (onceflow infra up --postgres installs it)'}",
+        highlight=False,
+    )
 
 
 @app.command()
@@ -102,8 +110,12 @@ def up(
         SparkCluster | None,
         typer.Option("--spark", help="none: compute runs Spark in-process (local[*]). standalone: also a Spark master and workers from the pyspark wheel. connect: also a Spark Connect server. Default: ONCEFLOW_SPARK_CLUSTER or none."),
     ] = None,
+    postgres: Annotated[
+        bool,
+        typer.Option("--postgres", help="Also a local PostgreSQL on ONCEFLOW_POSTGRES_URL's port (Debian's package, installed if missing; docs/postgres.md), for a sink that keeps its tables there."),
+    ] = False,
 ) -> None:
-    """Start Kafka and Redis (installing first if needed), create the topics, and a Spark cluster if asked."""
+    """Start Kafka and Redis (installing first if needed), create the topics, and PostgreSQL and a Spark cluster if asked."""
     t0 = time.monotonic()
     if brokers is not None:
         if brokers not in (1, 3):
@@ -117,7 +129,8 @@ def up(
         os.environ["ONCEFLOW_SECURE"] = "1"
     if not KafkaBroker.from_env().is_installed():
         install()
-    rows = _run("starting Kafka and Redis", lambda: stack.up(timeout=timeout, create_topics=topics))
+    what = "starting Kafka, Redis and PostgreSQL" if postgres else "starting Kafka and Redis"
+    rows = _run(what, lambda: stack.up(timeout=timeout, create_topics=topics, postgres=postgres))
     out.print(_status_table(rows))
     healthy = all(r.healthy for r in rows)
     if healthy:
@@ -140,6 +153,9 @@ def up(
         )
     if InfraSettings().spark_cluster == "connect" and not os.environ.get("ONCEFLOW_COMPUTE_SPARK_MASTER", "").startswith("sc://"):
         out.print(f"compute runs on it with ONCEFLOW_COMPUTE_SPARK_MASTER={spark.connect_server().url}", highlight=False)
+    cluster = PostgresServer.from_env()
+    if postgres and CommonSettings().postgres_url != cluster.url:
+        out.print(f"services reach it with ONCEFLOW_POSTGRES_URL={cluster.url}", highlight=False)
     if InfraSettings().secure:
         out.print("services and the CLI reach the secure stack with:", highlight=False)
         for name, value in secure_stack.apply_client_env().items():
@@ -152,8 +168,8 @@ def up(
 
 @app.command()
 def down() -> None:
-    """Stop the job versions' workers `onceflow job deploy` started here, then Kafka and every
-    Redis (data is kept; delete .onceflow/ to start over)."""
+    """Stop the job versions' workers `onceflow job deploy` started here, then Kafka, every
+    Redis and PostgreSQL (data is kept; delete .onceflow/ to start over)."""
     versions = workers.stop_all()
     if versions:
         out.print(f"stopped the workers of {', '.join(versions)} (`onceflow job deploy` started them here)")
@@ -171,14 +187,15 @@ def status() -> None:
 
 @app.command()
 def logs(
-    component: Annotated[Component | None, typer.Argument(help="Default: both.")] = None,
+    component: Annotated[Component | None, typer.Argument(help="Default: all.")] = None,
     lines: Annotated[int, typer.Option("-n", "--lines", help="Lines to show.")] = 40,
     follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing new lines.")] = False,
 ) -> None:
-    """Show the brokers' server.log, the Redis logs (primary, and replica and Sentinel if started) and Spark's, if it runs."""
+    """Show the brokers' server.log, the Redis logs (primary, and replica and Sentinel if started), PostgreSQL's and Spark's, if they run."""
     paths = {
         Component.kafka: [node.log_path for node in kafka_cluster()],
         Component.redis: [server.log_path for server in redis_topology()],
+        Component.postgres: [cluster.log_path] if (cluster := PostgresServer.from_env()).home.exists() else [],
         Component.spark: ([daemon.log_path for daemon in spark.cluster()] if spark.running() else [])
         + ([spark.connect_server().log_path] if spark.connect_running() else []),
     }

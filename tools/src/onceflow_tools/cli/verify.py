@@ -39,7 +39,7 @@ def verify(
     rate: int = typer.Option(300, help="Records per second the clients offer."),
     records: int = typer.Option(0, help="Records to send (default: rate × duration)."),
     faults: str = typer.Option(
-        "", help=f"Fault kinds, comma-separated: {', '.join(KINDS)}. Default: every kind the stack can take (redis-failover needs --redis sentinel, the targeted broker faults --brokers 3, the Spark faults --spark standalone, recreate-source-topic --source)."
+        "", help=f"Fault kinds, comma-separated: {', '.join(KINDS)}. Default: every kind the stack can take (redis-failover needs --redis sentinel, the targeted broker faults --brokers 3, the Spark faults --spark standalone, recreate-source-topic --source, the postgres ones --sink postgres)."
     ),
     fault_every: float = typer.Option(10.0, help="Seconds between faults."),
     resend_ratio: float = typer.Option(0.05, help="Share of batches a client sends twice (client retries). Not with --source."),
@@ -48,6 +48,9 @@ def verify(
     ),
     source: bool = typer.Option(
         False, "--source", help="Feed the workload through the Kafka source instead of ingest's clients: produced once each (an idempotent producer) into the run's topic <prefix>user.orders, copied by the source service (a sixth service, under its default kafka://... record ids); the checker expects every record produced. Enables the recreate-source-topic fault. No client re-sends or late re-sends: a record produced again is a new record."
+    ),
+    sink: str = typer.Option(
+        "redis", help="Where the results go: redis (the default), postgres (the sink's tables in PostgreSQL, started if needed; enables postgres-kill and postgres-rollback), or kafka (a second sink writes the job's table to the output topic <prefix>results.<job>, checked too)."
     ),
     clients: int = typer.Option(4, help="Concurrent clients."),
     seed: int = typer.Option(1, help="Seed of the workload and of the fault schedule."),
@@ -83,7 +86,7 @@ def verify(
             records=records, rate=rate, duration_s=parse_duration(duration),
             faults=tuple(f.strip() for f in faults.split(",") if f.strip()), fault_every_s=fault_every,
             resend_ratio=resend_ratio, late_resends=late_resends, clients=clients, seed=seed, settle_s=settle, sabotage=sabotage, keep=keep,
-            workload=workload, users=users, source=source,
+            workload=workload, users=users, source=source, sink=sink,
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
@@ -91,6 +94,7 @@ def verify(
     console.rule(
         f"[bold]onceflow verify[/]: {options.workload}, {options.records:,} records at {options.rate:,}/s, "
         f"faults {', '.join(options.faults)}{', through the Kafka source' if options.source else ''}"
+        f"{'' if options.sink == 'redis' else f', sink {options.sink}'}"
     )
     view: PipelineView | None = None
     printed = 0
@@ -150,9 +154,14 @@ def _report(console: Console, verdict: Verdict, source: bool = False) -> None:
         ("aborted reads", count(verdict.aborted_reads)),
         ("hanging transactions", count(verdict.hanging_transactions)),
         ("late re-sends (earlier batches, after faults)", f"{verdict.late_resends:,}"),
-        ("Redis stores rebuilt from Kafka", f"{verdict.redis_repairs:,}"),
+        ("stores rebuilt from Kafka (Redis, PostgreSQL)", f"{verdict.redis_repairs:,}"),
         ("drained when judged", "[green]yes[/]" if not verdict.undrained else f"[red]no[/]: {'; '.join(verdict.undrained)}"),
         ("sink matches batch", "[green]yes[/]" if verdict.sink_matches_batch else "[red]no[/]"),
+        *([] if verdict.output_topic_rows < 0 else [
+            ("output topic matches batch (folded, read_committed)",
+             f"[green]yes[/] ({verdict.output_topic_rows:,} rows)" if verdict.output_topic_matches_batch else "[red]no[/]"),
+            ("changes written to the output topic twice", count(verdict.output_duplicates)),
+        ]),
         (
             "gate's Redis store matches dedup.changelog",
             "[green]yes[/]" if verdict.dedup_store_matches_changelog else f"[red]no[/] ({verdict.dedup_store_ids_wrong:,} ids)",

@@ -1,7 +1,8 @@
 """Ports of the local stack (``ONCEFLOW_KAFKA_PORT``, ``ONCEFLOW_KAFKA_CONTROLLER_PORT``,
-``ONCEFLOW_REDIS_PORT``).
+``ONCEFLOW_REDIS_PORT``, ``ONCEFLOW_POSTGRES_PORT``).
 
-Clients read ``ONCEFLOW_KAFKA_BOOTSTRAP`` / ``ONCEFLOW_REDIS_URL`` (CommonSettings). When a port
+Clients read ``ONCEFLOW_KAFKA_BOOTSTRAP`` / ``ONCEFLOW_REDIS_URL`` / ``ONCEFLOW_POSTGRES_URL``
+(CommonSettings). When a port
 is not set explicitly it is taken from those, so setting only the client address moves the
 server too and the two cannot drift apart.
 """
@@ -19,6 +20,7 @@ from onceflow.config import CommonSettings
 DEFAULT_KAFKA_PORT = 19092
 DEFAULT_KAFKA_CONTROLLER_PORT = 19093
 DEFAULT_REDIS_PORT = 16379
+DEFAULT_POSTGRES_PORT = 15432
 SENTINEL_OFFSET = 10_000
 _LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
 
@@ -49,6 +51,8 @@ class InfraSettings(BaseSettings):
     redis_sentinel_port: int | None = None
     # The AOF's fsync policy: always, everysec (up to ~1 s of writes lost on a machine crash) or no.
     redis_appendfsync: Literal["always", "everysec", "no"] = "everysec"
+    # The local PostgreSQL (`onceflow infra up --postgres`); None: the port of ONCEFLOW_POSTGRES_URL.
+    postgres_port: int | None = None
     # none: compute runs Spark in its own process (local[*]). standalone: `infra up` also starts
     # a Spark master and workers from the pyspark wheel (`onceflow infra up --spark standalone`);
     # compute then takes ONCEFLOW_COMPUTE_SPARK_MASTER=spark://127.0.0.1:<master port>.
@@ -106,6 +110,13 @@ def redis_port(settings: InfraSettings | None = None) -> int:
     if _is_sentinel_url(url):  # the URL names the Sentinel; the primary sits 10000 below it
         return port_of(url, DEFAULT_REDIS_PORT + SENTINEL_OFFSET) - SENTINEL_OFFSET
     return port_of(url, DEFAULT_REDIS_PORT)
+
+
+def postgres_port(settings: InfraSettings | None = None) -> int:
+    s = settings or InfraSettings()
+    if s.postgres_port is not None:
+        return s.postgres_port
+    return port_of(CommonSettings().postgres_url, DEFAULT_POSTGRES_PORT)
 
 
 def sentinel_port(settings: InfraSettings | None = None) -> int:

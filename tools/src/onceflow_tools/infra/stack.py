@@ -11,6 +11,7 @@ from onceflow_tools.infra import secure, spark
 from onceflow_tools.infra.kafka import KafkaBroker, active_controller
 from onceflow_tools.infra.kafka import cluster as kafka_cluster
 from onceflow_tools.infra.paths import display_path
+from onceflow_tools.infra.postgres import PostgresServer
 from onceflow_tools.infra.redis import RedisServer
 from onceflow_tools.infra.redis import topology as redis_topology
 from onceflow_tools.infra.settings import InfraSettings, port_of
@@ -26,20 +27,28 @@ class ComponentStatus:
     detail: str
 
 
-def install() -> dict[str, bool]:
-    """Fetch the broker's jars and install redis-server if needed; True where work was done."""
-    return {"kafka": KafkaBroker.from_env().install(), "redis": RedisServer.from_env().ensure_installed()}
+def install(postgres: bool = False) -> dict[str, bool]:
+    """Fetch the broker's jars and install redis-server (and with ``postgres`` Debian's
+    PostgreSQL) if needed; True where work was done."""
+    done = {"kafka": KafkaBroker.from_env().install(), "redis": RedisServer.from_env().ensure_installed()}
+    if postgres:
+        done["postgres"] = PostgresServer.from_env().ensure_installed()
+    return done
 
 
-def up(timeout: float | None = None, create_topics: bool = True) -> list[ComponentStatus]:
+def up(timeout: float | None = None, create_topics: bool = True, postgres: bool = False) -> list[ComponentStatus]:
     """Start whatever is not running, wait until it answers, create the declared topics (with
-    ONCEFLOW_TOPIC_PREFIX). Idempotent: on a healthy stack it only checks, in well under a second."""
+    ONCEFLOW_TOPIC_PREFIX), and with ``postgres`` the local PostgreSQL too (left out by default:
+    only a sink that keeps its tables there needs it). Idempotent: on a healthy stack it only
+    checks, in well under a second."""
     timeout = timeout if timeout is not None else InfraSettings().start_timeout_s
     if secure.enabled():
         secure.apply_client_env()
     brokers, servers = kafka_cluster(), redis_topology()
     for server in servers:
         server.start(timeout)
+    if postgres:
+        PostgresServer.from_env().start(timeout)
     # Every node first, then the waits: a cluster's controller needs a majority of its voters.
     spawned = [(broker, broker.spawn()) for broker in brokers]
     for broker, pid in spawned:
@@ -75,6 +84,9 @@ def down() -> list[str]:
         stopped.append("kafka (secure)")
     if RedisServer.from_env(secure=True).stop():
         stopped.append("redis (secure)")
+    cluster = PostgresServer.from_env()
+    if cluster.home.exists() and cluster.stop():
+        stopped.append(cluster.name)
     connect = spark.connect_server()
     return stopped + spark.down() + ([connect.name] if connect.stop() else [])
 
@@ -88,6 +100,9 @@ def status(brokers: list[KafkaBroker] | None = None) -> list[ComponentStatus]:
     if len(brokers) > 1:
         kafka = _with_cluster_health(kafka, brokers)
     rows = [*kafka, *(_redis_status(server, common) for server in redis_topology())]
+    cluster = PostgresServer.from_env()
+    if cluster.home.exists():  # once started here, it has a row
+        rows.append(_postgres_status(cluster, common))
     if InfraSettings().spark_cluster == "standalone" or spark.running():
         rows += _spark_status()
     if InfraSettings().spark_cluster == "connect" or spark.connect_running():
@@ -184,3 +199,19 @@ def _redis_status(redis: RedisServer, common: CommonSettings) -> ComponentStatus
     if redis.role == "primary" and port_of(common.redis_url, -1) != redis.port and not common.redis_url.startswith("redis+sentinel"):
         detail += f"; clients use ONCEFLOW_REDIS_URL={common.redis_url}"
     return ComponentStatus(_redis_name(redis), healthy, redis.address, pid, detail)
+
+
+def _postgres_status(server: PostgresServer, common: CommonSettings) -> ComponentStatus:
+    pid = server.pid()
+    healthy = pid is not None and server.is_healthy()
+    if healthy:
+        detail = f"PostgreSQL {server.version()}, {display_path(server.data_dir)}"
+    elif pid is not None:
+        detail = f"running but not accepting connections (recovering?); see {display_path(server.log_path)}"
+    elif server.bin_dir() is None:
+        detail = "not installed (onceflow infra up --postgres installs it)"
+    else:
+        detail = "stopped"
+    if port_of(common.postgres_url, -1) != server.port:
+        detail += f"; clients use ONCEFLOW_POSTGRES_URL={common.postgres_url}"
+    return ComponentStatus(server.name, healthy, server.address, pid, detail)

@@ -23,11 +23,12 @@ from onceflow.codec import now_ms
 from onceflow.config import CommonSettings
 from onceflow.kafka import clients, positions
 from onceflow.kafka.registry import RegistryWriter, read_registry
-from onceflow.redis_client import connect
+from onceflow.state.result_store import ResultStore
 from onceflow.topology import COMPUTE_MAP, parse_version, versioned
 from onceflow.versions import JobRecord, Version, VersionState
 from onceflow_sink import versions
-from onceflow_sink.tables import ResultTables
+from onceflow_sink.config import SinkSettings
+from onceflow_sink.stores import open_store
 from onceflow_sink.versions import JobCommandError
 
 from onceflow_tools.jobs import workers
@@ -224,8 +225,9 @@ def status(common: CommonSettings, job: str, sample_s: float = 1.0) -> list[Loca
     return [LocalStatus(s, workers.running(job, s.version.version)) for s in versions.status(common, job, sample_s)]
 
 
-def _tables(common: CommonSettings) -> ResultTables:
-    return ResultTables(connect(common.redis_url), common.topic_prefix)
+def _tables(common: CommonSettings) -> ResultStore:
+    """The store the sink keeps the tables in (``ONCEFLOW_SINK_STORE``, as the sink reads it)."""
+    return open_store(common, SinkSettings().store)
 
 
 def lagging(common: CommonSettings, record: JobRecord, version: Version) -> list[str]:

@@ -33,11 +33,12 @@ from onceflow_tools.infra.kafka import cluster as kafka_cluster
 from onceflow_tools.infra.topics import delete_topics, provision
 from onceflow_tools.verify import spark_faults
 from onceflow_tools.verify.check import Verdict, check, undrained
+from onceflow_tools.verify.kafka_output import check_output_topic, kafka_output_behind
 from onceflow_tools.verify.kafka_faults import CLUSTER_KINDS
-from onceflow_tools.verify.schedule import KINDS, SOURCE_KINDS, FaultSchedule, available_kinds
+from onceflow_tools.verify.schedule import KINDS, POSTGRES_KINDS, SOURCE_KINDS, FaultSchedule, available_kinds
 from onceflow_tools.verify.source_mode import SourceTopic
 from onceflow_tools.verify.spark_faults import SPARK_KINDS
-from onceflow_tools.verify.supervisor import SERVICES, WITH_SOURCE, Supervisor
+from onceflow_tools.verify.supervisor import SERVICES, WITH_KAFKA_OUTPUT, WITH_SOURCE, Supervisor
 from onceflow_tools.workloads import ResultTable, auctionbids, nexmark, usersum
 from onceflow_tools.workloads.senders import Senders
 
@@ -46,6 +47,7 @@ log = logging.getLogger(__name__)
 # Short, so a paused member leaves the group soon and a zombie's replacement takes over quickly.
 SESSION_TIMEOUT_MS = 6_000
 WORKLOADS = ("nexmark", "keyed-count")
+SINKS = ("redis", "postgres", "kafka")
 # Batches sent again after each fault, and once more at the end, from those acknowledged before.
 LATE_BATCHES_PER_FAULT = 5
 LATE_BATCHES_AT_END = 20
@@ -78,6 +80,10 @@ class CampaignOptions:
     # re-sends do not exist there (the same payload produced again is a new record), so
     # resend_ratio and late_resends are off.
     source: bool = False
+    # Where the results go, comma-separated: redis or postgres (the store of the sink's tables;
+    # postgres enables the PostgreSQL faults), and kafka (the job's table also written to an
+    # output topic by a second sink, checked too). "kafka" alone keeps the tables in Redis.
+    sink: str = "redis"
 
     def __post_init__(self) -> None:
         if self.source:
@@ -88,8 +94,14 @@ class CampaignOptions:
             raise ValueError("records, rate, clients, batch and fault-every must be positive")
         if not 0.0 <= self.resend_ratio <= 1.0:
             raise ValueError(f"resend ratio must be in [0, 1], got {self.resend_ratio}")
+        sinks = {part.strip() for part in self.sink.split(",") if part.strip()}
+        if not sinks or sinks - set(SINKS):
+            raise ValueError(f"unknown sink {self.sink!r}; known: {', '.join(SINKS)} (kafka may join either store: postgres,kafka)")
+        if {"redis", "postgres"} <= sinks:
+            raise ValueError("the sink keeps its tables in one store: redis or postgres")
+        self.sink = ",".join(sorted(sinks))
         if not self.faults:
-            self.faults = available_kinds(source=self.source)
+            self.faults = available_kinds(source=self.source, sink_store=self.sink_store)
         needs_source = sorted(set(self.faults) & set(SOURCE_KINDS)) if not self.source else []
         if needs_source:
             raise ValueError(f"{', '.join(needs_source)} needs the Kafka source: --source")
@@ -101,6 +113,9 @@ class CampaignOptions:
         unknown = set(self.faults) - set(KINDS)
         if unknown:
             raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(KINDS)}")
+        needs_postgres = sorted(set(self.faults) & set(POSTGRES_KINDS)) if self.sink_store != "postgres" else []
+        if needs_postgres:
+            raise ValueError(f"{', '.join(needs_postgres)} need the sink's tables in PostgreSQL: --sink postgres")
         needs_cluster = sorted(set(self.faults) & set(CLUSTER_KINDS) - set(available_kinds()))
         if needs_cluster:
             raise ValueError(f"{', '.join(needs_cluster)} need a 3-node Kafka cluster: --brokers 3 (docs/architecture.md, 'On a Kafka cluster')")
@@ -114,6 +129,20 @@ class CampaignOptions:
         unknown = {s for s in self.sabotage.split(",") if s} - set(VERIFY_SABOTAGES)
         if unknown:
             raise ValueError(f"unknown sabotage {sorted(unknown)}; known: {', '.join(VERIFY_SABOTAGES)}")
+
+    @property
+    def sink_store(self) -> str:
+        """The store the sink service keeps the tables in (the Kafka output sink runs beside it)."""
+        return "postgres" if "postgres" in self.sink.split(",") else "redis"
+
+    @property
+    def kafka_output(self) -> bool:
+        return "kafka" in self.sink.split(",")
+
+    @property
+    def focus(self) -> tuple[str, ...]:
+        """The services under test beyond the default pipeline: the first kill -9 and zombie hit them."""
+        return (*(("sink",) if self.sink_store == "postgres" else ()), *(("sink_kafka",) if self.kafka_output else ()))
 
 
 @dataclass(frozen=True)
@@ -166,7 +195,7 @@ def run(options: CampaignOptions, on_progress: Callable[[Progress], None] = lamb
         progress.notes.append(text)
         on_progress(progress)
 
-    stack.up()
+    stack.up(postgres=options.sink_store == "postgres")
     prefix = f"verify{int(time.time())}s{options.seed}."
     # The campaign arms services to crash at chosen points (ONCEFLOW_FAULT): allowed here.
     env = {"ONCEFLOW_LOOP_SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_MS), ALLOW_ENV: "1"}
@@ -186,7 +215,9 @@ def run(options: CampaignOptions, on_progress: Callable[[Progress], None] = lamb
     if spark_faults.available():
         compute_settings |= spark_faults.compute_settings()
         note(f"compute on the Spark cluster at {compute_settings['SPARK_MASTER']}")
-    settings = {"compute": compute_settings}
+    settings = {"compute": compute_settings, "sink": {"STORE": options.sink_store}}
+    if options.sink_store == "postgres":
+        note(f"the sink keeps the tables in PostgreSQL ({_postgres_address(common)})")
     source = None
     if options.source:
         # Before the source starts: it refuses a topic that does not exist.
@@ -195,7 +226,14 @@ def run(options: CampaignOptions, on_progress: Callable[[Progress], None] = lamb
         settings["source"] = {"TOPIC": source.name, "ID_FIELD": ""}
         note(f"the workload goes through the Kafka source: produced into {source.name}, copied by a sixth service; "
              "no client re-sends or late re-sends (a record produced again is a new record)")
-    supervisor = Supervisor(prefix, log_dir, settings=settings, env=env, services=WITH_SOURCE if source else SERVICES)
+    services = WITH_SOURCE if source else SERVICES
+    if options.kafka_output:
+        if source is not None:
+            raise ValueError("--sink kafka and --source: one extra service at a time")
+        settings["sink_kafka"] = {"JOB": load.compute_settings["JOB"], "TOPIC": output_topic(prefix, load.compute_settings["JOB"])}
+        services = WITH_KAFKA_OUTPUT
+        note(f"the job's table is also written to the output topic {settings['sink_kafka']['TOPIC']} by a second sink")
+    supervisor = Supervisor(prefix, log_dir, settings=settings, env=env, services=services)
     try:
         progress.phase = "starting services"
         on_progress(progress)
@@ -208,6 +246,28 @@ def run(options: CampaignOptions, on_progress: Callable[[Progress], None] = lamb
         if not options.keep:
             delete_topics(common.kafka_bootstrap, prefix=prefix)
             delete_prefix(connect(common.redis_url), prefix)
+            if options.sink_store == "postgres":
+                drop_schema(common)
+
+
+def output_topic(prefix: str, job: str) -> str:
+    """The run's Kafka output topic (under its prefix, so it goes with the run's topics)."""
+    return f"{prefix}results.{job}"
+
+
+def _postgres_address(common: CommonSettings) -> str:
+    return common.postgres_url.rsplit("@", 1)[-1]
+
+
+def drop_schema(common: CommonSettings) -> None:
+    """The run's tables in PostgreSQL (its schema), as its Redis keys are deleted."""
+    from onceflow_sink.postgres import PostgresTables  # psycopg only when the run used it
+
+    store = PostgresTables.connect(common.postgres_url, common.topic_prefix)
+    try:
+        store.drop_schema()
+    finally:
+        store.close()
 
 
 def _batch_answer(load: Workload, note: Callable[[str], None]) -> ResultTable:
@@ -274,7 +334,7 @@ class Campaign:
         self.sending: Senders | SourceTopic = source or self.senders
         self.schedule = FaultSchedule(
             supervisor, options.faults, options.fault_every_s, options.seed, takeover_s=SESSION_TIMEOUT_MS / 1000 + 2,
-            on_fault=self._after_fault, source=source,
+            on_fault=self._after_fault, source=source, sink_store=options.sink_store, focus=options.focus,
         )
 
     def run(self) -> Verdict:
@@ -365,7 +425,12 @@ class Campaign:
 
     def _in_flight(self) -> list[str]:
         """What is not yet through: the source's copying (--source), then the pipeline."""
-        return (self.source.behind() if self.source else []) or undrained(self.common, self.job)
+        behind = (self.source.behind() if self.source else []) or undrained(
+            self.common, self.job, sink_store=self.options.sink_store
+        )
+        if not behind and self.options.kafka_output:
+            behind = kafka_output_behind(self.common, self.job, output_topic(self.common.topic_prefix, self.job))
+        return behind
 
     def _settle(self, batch_rows: ResultTable) -> tuple[ResultTable, list[str]]:
         """The sink's table once the pipeline drained (or the settle time is out), and what was
@@ -406,6 +471,8 @@ class Campaign:
         self.progress.phase = "checking every topic"
         self.on_progress(self.progress)
         verdict = check(self.common, self.job, expected, rows, batch_rows, injected, still_undrained=behind)
+        if self.options.kafka_output:
+            check_output_topic(verdict, self.common, output_topic(self.common.topic_prefix, self.job), batch_rows)
         verdict.redis_repairs = _repairs_logged(self.supervisor.log_dir)
         verdict.late_resends = self.senders.late_resends
         verdict.zombie_exits = [z.exit_code for z in self.supervisor.zombies]

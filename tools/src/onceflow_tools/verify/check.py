@@ -95,6 +95,11 @@ class Verdict:
     dedup_store_matches_changelog: bool = True
     dedup_store_ids_wrong: int = 0
     undrained: list[str] = field(default_factory=list)  # what had not read to the end at the check
+    # The Kafka output topic (--sink kafka; -1 rows: none was written): folded, equal to the batch
+    # answer, and no compute.results change in it twice.
+    output_topic_rows: int = -1
+    output_topic_matches_batch: bool = True
+    output_duplicates: int = 0
     redis_repairs: int = 0  # partition stores rebuilt from Kafka (the services' logs)
     late_resends: int = 0
     zombie_exits: list[int | None] = field(default_factory=list)
@@ -106,6 +111,7 @@ class Verdict:
         return (
             self.lost == self.duplicated == self.aborted_reads == self.hanging_transactions == self.unknown == 0
             and self.sink_matches_batch and self.dedup_store_matches_changelog and not self.undrained
+            and self.output_topic_matches_batch and self.output_duplicates == 0
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -151,14 +157,14 @@ def _dead_letter_ids(records: Iterable[TopicRecord]) -> list[str]:
     return ids
 
 
-def undrained(common: CommonSettings, job: str, stream: str = "") -> list[str]:
+def undrained(common: CommonSettings, job: str, stream: str = "", sink_store: str = "redis") -> list[str]:
     """What is still in flight (empty: drained). Drained means quiet, not only "read to the
     end": every group has read its input to the end, the sink has applied the last result, the
     acker holds no undecided tree (one could still time out and be replayed), no transaction is
     open, and no pipeline topic grew while all that was being looked at. A replay written after
     the gate's group was looked at would otherwise be judged half-written (CI once counted the
     1,000 edges of a replay batch still in its transaction as aborted reads)."""
-    from onceflow_sink.tables import ResultTables  # the key layout lives with its service
+    from onceflow_sink.stores import open_store  # the store's layout lives with its service
 
     prefix, topic = common.topic_prefix, common.topic
     ends_before = _pipeline_ends(common, job, stream)
@@ -176,13 +182,12 @@ def undrained(common: CommonSettings, job: str, stream: str = "") -> list[str]:
     pending_trees = len(latest_by_key(read_committed(common, topic(Topic.ACKER_CHANGELOG))))
     if pending_trees:
         return [f"acker: {pending_trees} trees undecided"]
-    client = connect(common.redis_url)
+    store = open_store(common, sink_store)
     try:
-        tables = ResultTables(client, prefix)
         results = topic(Topic.COMPUTE_RESULTS)
-        applied = {p: int(client.hget(tables.meta_key(p), "offset") or -1) for p in partitions_of(common, results)}
+        applied = {p: store.applied_offset(p) for p in partitions_of(common, results)}
     finally:
-        client.close()
+        store.close()
     pending = read_committed(common, results, start={p: offset + 1 for p, offset in applied.items()})
     if pending:
         return [f"sink: {len(pending)} results not applied"]

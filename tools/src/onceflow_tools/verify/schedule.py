@@ -19,7 +19,10 @@ atomically, as a failover to a lagging replica does) and ``redis-flush`` (every 
 gone), and with the Sentinel topology ``redis-failover`` (kill -9 of the primary, Sentinel
 promotes the replica, the old primary rejoins as a replica); with the Kafka source
 (``onceflow verify --source``) ``recreate-source-topic`` (the user topic deleted and created
-again under its name once the source copied it, ``source_mode.SourceTopic.recreate``). After each fault the campaign re-sends batches from before it (``on_fault``), so a lost
+again under its name once the source copied it, ``source_mode.SourceTopic.recreate``); with the
+sink's tables in PostgreSQL (``sink_store="postgres"``, ``postgres_faults``) ``postgres-kill``
+(kill -9 of the server, restarted with crash recovery) and ``postgres-rollback`` (an older base
+backup restored: one is taken at the first fault and again after each rollback). After each fault the campaign re-sends batches from before it (``on_fault``), so a lost
 dedup id shows. Client retries are not scheduled: the clients re-send a share of their batches
 all along."""
 
@@ -35,10 +38,11 @@ from collections.abc import Callable, Sequence
 from onceflow.config import CommonSettings
 from onceflow.redis_client import connect
 from onceflow_tools.infra.kafka import cluster as kafka_cluster
+from onceflow_tools.infra.postgres import PostgresServer
 from onceflow_tools.infra.redis import RedisServer, current_primary, sentinel_of
 from onceflow_tools.infra.redis import topology as redis_topology
 from onceflow_tools.process import restart_lone_broker
-from onceflow_tools.verify import kafka_faults, redis_faults, spark_faults
+from onceflow_tools.verify import kafka_faults, postgres_faults, redis_faults, spark_faults
 from onceflow_tools.verify.kafka_faults import CLUSTER_KINDS
 from onceflow_tools.verify.spark_faults import SPARK_KINDS
 from onceflow_tools.verify.source_mode import SourceTopic
@@ -49,15 +53,20 @@ log = logging.getLogger(__name__)
 KINDS = (
     "kill9", "crash_in_txn", "zombie", "broker", "clock-skew", *CLUSTER_KINDS, *SPARK_KINDS,
     "redis-kill9", "redis-rollback", "redis-flush", "redis-failover", "recreate-source-topic",
+    "postgres-kill", "postgres-rollback",
 )
 SOURCE_KINDS = ("recreate-source-topic",)  # only with the Kafka source (``onceflow verify --source``)
+POSTGRES_KINDS = ("postgres-kill", "postgres-rollback")  # only with the sink's tables in PostgreSQL
 REDIS_KINDS = tuple(kind for kind in KINDS if kind.startswith("redis-"))
 
 
-def available_kinds(source: bool = False) -> tuple[str, ...]:
+def available_kinds(source: bool = False, sink_store: str = "redis") -> tuple[str, ...]:
     """Every kind the running stack can take: a failover needs the Sentinel topology, the
-    targeted broker faults a cluster, a recreated source topic the Kafka source (``source``)."""
+    targeted broker faults a cluster, a recreated source topic the Kafka source (``source``),
+    the PostgreSQL faults a sink that keeps its tables there (``sink_store``)."""
     missing = set() if source else set(SOURCE_KINDS)
+    if sink_store != "postgres":
+        missing.update(POSTGRES_KINDS)
     if sentinel_of(redis_topology()) is None:
         missing.add("redis-failover")
     if len(kafka_cluster()) < 3:
@@ -85,7 +94,11 @@ class FaultSchedule(threading.Thread):
         takeover_s: float,
         on_fault: Callable[[str], None] = lambda _note: None,
         source: SourceTopic | None = None,
+        sink_store: str = "redis",
+        focus: Sequence[str] = (),
     ) -> None:
+        """``focus``: services under test (a sink beyond Redis): the first kill -9 and the
+        first zombie of the run hit them, one each in turn, before the draw goes random."""
         super().__init__(name="faults", daemon=True)
         unknown = set(kinds) - set(KINDS)
         if unknown:
@@ -99,6 +112,14 @@ class FaultSchedule(threading.Thread):
         self.source = source
         if source is None and set(kinds) & set(SOURCE_KINDS):
             raise ValueError(f"{', '.join(SOURCE_KINDS)} need the Kafka source (onceflow verify --source)")
+        # The PostgreSQL faults' base backup, kept under the server's home (postgres_faults).
+        self._pg_backups: postgres_faults.Backups | None = None
+        if set(kinds) & set(POSTGRES_KINDS):
+            if sink_store != "postgres":
+                raise ValueError(f"{', '.join(POSTGRES_KINDS)} need the sink's tables in PostgreSQL (sink_store='postgres')")
+            self._pg_backups = postgres_faults.Backups(PostgresServer.from_env(), supervisor.prefix)
+        # The zombies in the other order, so two services under test each get one of both first.
+        self._focus = {"kill9": list(focus), "zombie": [name for name in reversed(focus) if name in ZOMBIE_SERVICES]}
         self.injected: Counter[str] = Counter()
         self.error: BaseException | None = None
         self._halt = threading.Event()
@@ -115,12 +136,17 @@ class FaultSchedule(threading.Thread):
                 time.sleep(self.every_s)  # faults keep their spacing, after a stop() too
                 if self._halt.is_set() and not first:
                     return
+                if self._pg_backups is not None and self._pg_backups.latest is None:
+                    self._pg_backups.take()  # what a later postgres-rollback goes back to
                 kind = first.pop(0) if first else self.rng.choice(self.kinds)
                 self.on_fault(self._inject(kind))
                 self.injected[kind] += 1
         except BaseException as exc:  # noqa: BLE001 - reported by the campaign
             log.exception("fault schedule failed")
             self.error = exc
+        finally:
+            if self._pg_backups is not None:
+                self._pg_backups.discard()
 
     def _failover(self, servers: list[RedisServer], started: float) -> str:
         """kill -9 of the primary; Sentinel promotes the replica (whatever it had not yet received
@@ -137,10 +163,26 @@ class FaultSchedule(threading.Thread):
         old.start()
         return f"redis failover: primary {old.port} killed, {new.port} promoted after {promoted_s:.0f} s, {old.port} rejoined"
 
+    def _postgres(self, kind: str) -> str:
+        backups = self._pg_backups
+        assert backups is not None and backups.latest is not None  # set up in __init__, taken in run()
+        if kind == "postgres-kill":
+            return postgres_faults.crash(backups.server)
+        # A backup only just taken (the first fault) would lose nothing: let writes go on first.
+        time.sleep(max(0.0, max(2.0, self.every_s / 2) - backups.age_s()))
+        age_s = backups.age_s()
+        note = postgres_faults.rollback(backups.server, backups.latest)
+        backups.take()  # the next rollback goes back to a moment after this one
+        return f"{note}, {age_s:.0f} s back"
+
+    def _victim(self, kind: str, services: Sequence[str]) -> str:
+        focus = self._focus[kind]
+        return focus.pop(0) if focus else self.rng.choice(services)
+
     def _inject(self, kind: str) -> str:
         started = time.monotonic()
         if kind == "kill9":
-            name = self.rng.choice(self.supervisor.services)
+            name = self._victim(kind, self.supervisor.services)
             self.supervisor.kill9(name)
             return f"kill -9 {name}"
         if kind == "crash_in_txn":
@@ -148,7 +190,7 @@ class FaultSchedule(threading.Thread):
             self.supervisor.kill9(name, fault=f"after_produce@{hit}")
             return f"kill -9 {name}, restarted to crash between produce and commit of its transaction #{hit}"
         if kind == "zombie":
-            name = self.rng.choice(ZOMBIE_SERVICES)
+            name = self._victim(kind, [s for s in self.supervisor.services if s in ZOMBIE_SERVICES])
             outcome = self.supervisor.zombie(name, self.takeover_s)
             return f"zombie {name}: replaced, resumed, exited {outcome.exit_code} ({time.monotonic() - started:.0f} s)"
         if kind == "clock-skew":
@@ -175,6 +217,8 @@ class FaultSchedule(threading.Thread):
             return kafka_faults.inject(kind, self.rng, self.supervisor.prefix)
         if kind in SPARK_KINDS:
             return spark_faults.inject(kind, self.rng)
+        if kind in POSTGRES_KINDS:
+            return self._postgres(kind)
         servers = redis_topology()
         if kind == "redis-kill9":
             primary = current_primary(servers)

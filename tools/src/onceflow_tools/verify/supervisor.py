@@ -27,7 +27,10 @@ SERVICES = ("acker", "dedup", "compute", "sink", "ingest")
 WITH_SOURCE = (*SERVICES, "source")
 # Clients reach ingest on one address, so its replacement cannot take a new one: ingest is
 # killed, not zombied (its transactional.id fencing is the same code as everyone's).
-ZOMBIE_SERVICES = ("acker", "dedup", "compute", "sink")
+ZOMBIE_SERVICES = ("acker", "dedup", "compute", "sink", "sink_kafka")
+# With the Kafka output topic (``onceflow verify --sink kafka``): a second sink beside the first,
+# writing the job's table to a topic; it is one owner, fenced by its transactional.id.
+WITH_KAFKA_OUTPUT = ("acker", "dedup", "compute", "sink", "sink_kafka", "ingest")
 
 
 @dataclass
