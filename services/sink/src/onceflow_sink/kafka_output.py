@@ -170,11 +170,9 @@ def build(settings: KafkaOutputSettings, clusters: Clusters) -> tuple[Transactio
         stage=stage, common=target, settings=settings.loop, input_topic=results, group_id=group_id(settings),
         transactional_id=transactional_id(settings, clusters), dlq_topic=target.topic(Topic.SINK_DLQ), intake=intake,
     )
-    if clusters.external:
-        # This hop acks nothing (trees end at the Redis sink); the driver only waits at start for
-        # its acks topic to exist on the producer's cluster, which holds no acker.acks: point it
-        # at the positions topic, created above, instead.
-        loop.acks_topic = target.topic(POSITIONS_TOPIC)
+    # This hop acks nothing (trees end at the sink): its start need not wait for acker.acks,
+    # which the target cluster of an output elsewhere does not hold.
+    loop.acking = False
 
     def gauges() -> dict[str, float]:
         counts = stage.counts

@@ -178,6 +178,9 @@ class ConsumerDriver:
         self._consumer: Consumer | None = None
         self.acks_topic = common.topic(Topic.ACKER_ACKS)
         self.ack_partitions = 1
+        # False for a hop that acks nothing and whose producer's cluster may hold no acker.acks
+        # (the Kafka output sink to another cluster): its start does not wait for that topic.
+        self.acking = True
         self._batcher: Batcher[Message] = Batcher(
             BatchPolicy.of_loop(settings), lambda limit, timeout: self.consumer.consume(num_messages=limit, timeout=timeout)
         )
@@ -289,9 +292,10 @@ class ConsumerDriver:
         except FencedError as exc:
             log.error("%s: cannot start: %s", self.name, exc)
             return EXIT_FENCED
-        self.ack_partitions = wait_partition_count(self._common, self.acks_topic, self.stopping)
-        if self.ack_partitions == 0:
-            return EXIT_OK  # stopped while waiting for the broker
+        if self.acking:
+            self.ack_partitions = wait_partition_count(self._common, self.acks_topic, self.stopping)
+            if self.ack_partitions == 0:
+                return EXIT_OK  # stopped while waiting for the broker
         # End-of-partition events move the position past a final transaction marker, so
         # "position == high watermark" means read to the end (lag, sweeps).
         overrides = {"enable.partition.eof": True, **self.consumer_overrides()}
