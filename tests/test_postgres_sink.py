@@ -1,6 +1,6 @@
 """The sink with its tables in a real PostgreSQL (``ONCEFLOW_SINK_STORE=postgres``), on the real
 broker: compute.results applied exactly once while the sink is killed, while the database is
-killed and while it is restored from an older base backup (a rollback), with changes it cannot
+killed, read-only and restored from an older base backup (a rollback), with changes it cannot
 hold dead-lettered with the reason. The checker folds compute.results (read_committed) into the
 table it must hold and compares it with the database's, read through Query as users read it."""
 
@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from onceflow.admin import fleet
@@ -86,7 +87,7 @@ def database_table(pipe: Pipeline) -> dict[bytes, bytes]:
 
 
 @pytest.mark.fault
-def test_the_postgres_sink_is_exact_through_kill9s_a_crashed_database_and_a_restored_older_backup(
+def test_the_postgres_sink_is_exact_through_kill9s_and_a_crashed_read_only_and_restored_database(
     pipeline: Pipeline, tmp_path: Path
 ) -> None:
     server = PostgresServer.from_env()
@@ -122,6 +123,26 @@ def test_the_postgres_sink_is_exact_through_kill9s_a_crashed_database_and_a_rest
     wait_applied(pipeline)
     assert database_table(pipeline) == expected_table(pipeline)
     assert fleet.query(endpoint, None, 5.0).status.gauges["store_repairs"] >= 1
+
+    # Read-only (a demoted primary, a standby, default_transaction_read_only): NOT_SERVING with
+    # the reason, nothing skipped, serving again once it takes writes.
+    with psycopg.connect(server.url, autocommit=True) as admin:
+        admin.execute("ALTER SYSTEM SET default_transaction_read_only = on")
+        admin.execute("SELECT pg_reload_conf()")
+    try:
+        produce(pipeline, changes(2_000, 1500, seed=5))
+
+        def read_only() -> bool:
+            status = fleet.query(endpoint, None, 5.0)
+            return status.health == "NOT_SERVING" and "read-only transaction" in status.error
+
+        eventually(read_only, 60, "the sink to report PostgreSQL refusing writes")
+    finally:
+        with psycopg.connect(server.url, autocommit=True) as admin:
+            admin.execute("ALTER SYSTEM RESET default_transaction_read_only")
+            admin.execute("SELECT pg_reload_conf()")
+    wait_applied(pipeline)
+    assert database_table(pipeline) == expected_table(pipeline)
 
     # Killed, and down a while: NOT_SERVING with the reason, nothing skipped, serving again after.
     server.kill9()
