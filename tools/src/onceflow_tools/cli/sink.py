@@ -5,21 +5,19 @@ once, with a progress line every two seconds. The rest of its settings come from
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import typer
 from rich.console import Console
 
 from onceflow import logs
-from onceflow.runner import run_loop_service
 from onceflow.service_main import EXIT_USAGE
 from onceflow_sink.kafka_output import NAME, OutputRefused, build, check, describe
 from onceflow_sink.kafka_output_config import KafkaOutputSettings
+from onceflow_tools.cli.foreground import run_with_progress
 
 app = typer.Typer(no_args_is_help=True, help="Results where you keep your data: a job's table into a Kafka topic.")
 console = Console()
-PROGRESS_S = 2.0
 
 
 @app.command("kafka")
@@ -52,20 +50,15 @@ def kafka(
         raise typer.Exit(EXIT_USAGE) from None
     loop, server, stage = build(settings, clusters)
     console.print(f"{describe(settings, clusters, loop.transactional_id)}; Ctrl-C stops")
-    done = threading.Event()
 
-    def progress() -> None:
-        while not done.wait(PROGRESS_S):
-            c = stage.counts
-            lag = sum(p.lag for p in loop.stats.partitions)
-            console.print(f"rows {c.upserts:,}  tombstones {c.tombstones:,}  dead letters {c.dead_lettered:,}  "
-                          f"transactions {loop.stats.committed:,} (aborted {loop.stats.aborted})  lag {lag:,}  {loop.state.value}")
+    def progress() -> str:
+        c = stage.counts
+        lag = sum(p.lag for p in loop.stats.partitions)
+        return (f"rows {c.upserts:,}  tombstones {c.tombstones:,}  dead letters {c.dead_lettered:,}  "
+                f"transactions {loop.stats.committed:,} (aborted {loop.stats.aborted})  lag {lag:,}  {loop.state.value}")
 
-    threading.Thread(target=progress, name="progress", daemon=True).start()
-    try:
-        code = run_loop_service(loop, server, settings.metrics_port, settings.host)
-    finally:
-        done.set()
-    c = stage.counts
-    console.print(f"stopped (exit {code}): rows {c.upserts:,}, tombstones {c.tombstones:,}, dead letters {c.dead_lettered:,}")
-    raise typer.Exit(code)
+    def summary() -> str:
+        c = stage.counts
+        return f"rows {c.upserts:,}, tombstones {c.tombstones:,}, dead letters {c.dead_lettered:,}"
+
+    run_with_progress(console, loop, server, settings.metrics_port, settings.host, progress, summary)

@@ -4,7 +4,6 @@ environment (ONCEFLOW_SOURCE_*, ONCEFLOW_KAFKA_BOOTSTRAP, ONCEFLOW_TOPIC_PREFIX 
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import typer
@@ -13,13 +12,12 @@ from rich.console import Console
 from onceflow import logs
 from onceflow.service_main import EXIT_USAGE
 from onceflow_source.config import SourceSettings
-from onceflow.runner import run_loop_service
 from onceflow.topology import Topic
 from onceflow_source.service import SourceRefused, build, check_source, read_origin, record_id_form
+from onceflow_tools.cli.foreground import run_with_progress
 
 app = typer.Typer(no_args_is_help=True, help="Bring your own data: copy an existing topic into the pipeline.")
 console = Console()
-PROGRESS_S = 2.0
 
 
 @app.command("kafka")
@@ -56,18 +54,13 @@ def kafka(
     loop, server, stage = build(settings, external, origin)
     ids = record_id_form(settings, origin)
     console.print(f"copying {topic} -> {settings.common.topic(Topic.INGEST_RECORDS)} (record_id: {ids}); Ctrl-C stops")
-    done = threading.Event()
 
-    def progress() -> None:
-        while not done.wait(PROGRESS_S):
-            lag = sum(p.lag for p in loop.stats.partitions)
-            console.print(f"copied {stage.counts.copied:,}  dead letters {stage.counts.dead_lettered:,}  "
-                          f"transactions {loop.stats.committed:,} (aborted {loop.stats.aborted})  lag {lag:,}  {loop.state.value}")
+    def progress() -> str:
+        lag = sum(p.lag for p in loop.stats.partitions)
+        return (f"copied {stage.counts.copied:,}  dead letters {stage.counts.dead_lettered:,}  "
+                f"transactions {loop.stats.committed:,} (aborted {loop.stats.aborted})  lag {lag:,}  {loop.state.value}")
 
-    threading.Thread(target=progress, name="progress", daemon=True).start()
-    try:
-        code = run_loop_service(loop, server, settings.metrics_port, settings.host)
-    finally:
-        done.set()
-    console.print(f"stopped (exit {code}): copied {stage.counts.copied:,}, dead letters {stage.counts.dead_lettered:,}")
-    raise typer.Exit(code)
+    def summary() -> str:
+        return f"copied {stage.counts.copied:,}, dead letters {stage.counts.dead_lettered:,}"
+
+    run_with_progress(console, loop, server, settings.metrics_port, settings.host, progress, summary)
