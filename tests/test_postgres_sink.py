@@ -12,11 +12,13 @@ import threading
 import time
 from pathlib import Path
 
+import grpc
 import psycopg
 import pytest
 
 from onceflow.admin import fleet
 from onceflow.topology import Topic
+from onceflow.v1 import sink_pb2, sink_pb2_grpc
 from onceflow.v1.envelope_pb2 import DeadLetter
 from onceflow.v1.results_pb2 import ResultChange
 from onceflow_tools.infra.postgres import PostgresServer
@@ -154,6 +156,15 @@ def test_the_postgres_sink_is_exact_through_kill9s_and_a_crashed_read_only_and_r
 
     eventually(waiting, 60, "the sink to report PostgreSQL unavailable")
     assert proc.alive(), "a database down must not crash the sink"
+    with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as down:
+        sink_pb2_grpc.QueryStub(channel).Get(sink_pb2.GetRowRequest(job=JOB, key="row-1"), timeout=15)
+    assert down.value.code() == grpc.StatusCode.UNAVAILABLE and "PostgreSQL unavailable" in (down.value.details() or "")
+    # A sink (re)started while the database is down waits for it: no crash loop.
+    assert proc.kill9() == -9
+    proc.start()
+    proc.wait_log("is not answering yet", 60)
+    time.sleep(3)
+    assert proc.alive(), proc.log_tail()
     server.start()
     wait_applied(pipeline)
     assert database_table(pipeline) == expected_table(pipeline)

@@ -96,18 +96,20 @@ class PostgresTables:
 
     @classmethod
     def connect(cls, url: str, topic_prefix: str, *, check: bool = False) -> PostgresTables:
+        """A store over a pool that (re)connects in the background. ``check``: reach the database
+        now and make the schema; a database down at start is logged, not fatal: the sink is
+        NOT_SERVING until it answers, as when it goes down later (never a crash loop)."""
         pool = ConnectionPool(
             url, min_size=1, max_size=POOL_SIZE, open=False, timeout=CONNECT_WAIT_S, name="sink-postgres",
             kwargs={"autocommit": True}, check=ConnectionPool.check_connection,
         )
-        try:
-            pool.open(wait=check, timeout=30.0)
-        except PoolTimeout as exc:
-            pool.close()
-            raise StoreUnavailable(f"PostgreSQL at {_display(url)} did not answer: {exc}") from exc
+        pool.open(wait=False)
         store = cls(pool, topic_prefix)
         if check:
-            store.ensure_schema()
+            try:
+                store.ensure_schema()
+            except StoreUnavailable as exc:
+                log.warning("sink: PostgreSQL at %s is not answering yet (%s): waiting for it", _display(url), exc)
         return store
 
     def close(self) -> None:

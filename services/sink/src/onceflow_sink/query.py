@@ -1,4 +1,4 @@
-"""The Query service: read the result tables the sink keeps in Redis.
+"""The Query service: read the result tables the sink keeps (in Redis or PostgreSQL).
 
 A job's plain name reads the version the registry calls live, through its alias (``aliases.py``);
 a version's name (``orders@2``) reads that version. Every reply says which table answered."""
@@ -6,10 +6,13 @@ a version's name (``orders@2``) reads that version. Every reply says which table
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import grpc
 
 from onceflow.admin import MAX_WORKERS, RESERVED_FOR_ADMIN, CallSlots
+from onceflow.state.store import StoreUnavailable
 from onceflow.topology import split
 from onceflow.v1 import sink_pb2, sink_pb2_grpc
 
@@ -29,11 +32,11 @@ class QueryServicer(sink_pb2_grpc.QueryServicer):
         self._slots = CallSlots(QUERY_CALLS)
 
     def Get(self, request: sink_pb2.GetRowRequest, context: grpc.ServicerContext) -> sink_pb2.GetRowReply:
-        with self._slots.take(context, "Query/Get"):
+        with self._slots.take(context, "Query/Get"), _unavailable(context):
             return self._get(request, context)
 
     def Scan(self, request: sink_pb2.ScanRowsRequest, context: grpc.ServicerContext) -> sink_pb2.ScanRowsReply:
-        with self._slots.take(context, "Query/Scan"):
+        with self._slots.take(context, "Query/Scan"), _unavailable(context):
             return self._scan(request, context)
 
     def _get(self, request: sink_pb2.GetRowRequest, context: grpc.ServicerContext) -> sink_pb2.GetRowReply:
@@ -59,6 +62,15 @@ class QueryServicer(sink_pb2_grpc.QueryServicer):
         return sink_pb2.ScanRowsReply(
             rows=[sink_pb2.Row(key=k, value=v) for k, v in page.rows], next_page_token=page.token, table=page.table
         )
+
+
+@contextmanager
+def _unavailable(context: grpc.ServicerContext) -> Iterator[None]:
+    """The store down or refusing: UNAVAILABLE with the reason (a client retries it), not UNKNOWN."""
+    try:
+        yield
+    except StoreUnavailable as exc:
+        context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
 
 
 def _check_job(job: str, context: grpc.ServicerContext) -> None:
