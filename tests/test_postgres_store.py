@@ -18,7 +18,8 @@ from psycopg import sql
 from onceflow import faults
 from onceflow.config import CommonSettings
 from onceflow.state.fencing import Outcome
-from onceflow.state.result_store import Change
+from onceflow.state.result_store import Change, StoreRefused
+from onceflow.state.store import StoreUnavailable
 from onceflow_tools.infra.postgres import PostgresServer
 
 from onceflow_sink.postgres import MAX_KEY_BYTES, PostgresTables
@@ -194,3 +195,32 @@ def test_a_schema_that_vanished_is_made_again_and_the_partition_found_diverged(s
     retaken = store.retake(0, token)
     assert store.apply(0, retaken.newest_token, -1, 4, [Change("+", JOB, "k", b'{"n": 2}')]).outcome is Outcome.APPLIED
     assert store.get(JOB, "k") == b'{"n": 2}'
+
+
+def test_a_table_altered_by_hand_is_refused_at_start_and_named(store: PostgresTables, postgres_url: str) -> None:
+    token, _ = store.take_ownership(0)
+    store.apply(0, token, -1, 0, [Change("+", JOB, "k", b'{"n": 1}')])
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("ALTER TABLE {} DROP COLUMN value").format(sql.Identifier(store.schema, JOB)))
+    prefix = store.schema.removeprefix("onceflow_") + "."
+    with pytest.raises(StoreRefused, match=rf"{store.schema}\.{JOB}: column value is missing, the sink writes bytea"):
+        PostgresTables.connect(postgres_url, prefix, check=True)
+    # Under a running sink: NOT_SERVING with the reason (the loop retries), never a crash.
+    with pytest.raises(StoreUnavailable, match="altered by hand"):
+        store.apply(0, token, 0, 1, [Change("+", JOB, "k", b'{"n": 2}')])
+
+
+def test_a_job_table_dropped_by_hand_is_rebuilt_from_every_partition(store: PostgresTables, postgres_url: str) -> None:
+    """Its rows came from every partition: each owner must find its partition diverged and
+    replay it, or the rows before the drop would never come back."""
+    tokens = {p: store.take_ownership(p)[0] for p in (0, 1)}
+    store.apply(0, tokens[0], -1, 4, [Change("+", JOB, "a", b'{"n": 1}')])
+    store.apply(1, tokens[1], -1, 7, [Change("+", JOB, "b", b'{"n": 2}')])
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(store.schema, JOB)))
+    assert store.apply(0, tokens[0], 4, 5, [Change("+", JOB, "c", b'{"n": 3}')]).outcome is Outcome.DIVERGED
+    assert store.apply(1, tokens[1], 7, None, ()).outcome is Outcome.DIVERGED, "the other partition must rebuild too"
+    for partition, replay in ((0, [Change("+", JOB, "a", b'{"n": 1}')]), (1, [Change("+", JOB, "b", b'{"n": 2}')])):
+        token = store.retake(partition, tokens[partition]).newest_token
+        assert store.apply(partition, token, -1, 4 if partition == 0 else 7, replay).outcome is Outcome.APPLIED
+    assert store.table(JOB) == {b"a": b'{"n": 1}', b"b": b'{"n": 2}'}

@@ -40,7 +40,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from onceflow import faults
 from onceflow.state.fencing import Outcome
-from onceflow.state.result_store import Answer, Change, ScanPage
+from onceflow.state.result_store import Answer, Change, ScanPage, StoreRefused
 from onceflow.state.store import StoreUnavailable
 from onceflow.topology import SEPARATOR
 from onceflow.v1.sink_pb2 import ScanPosition
@@ -62,8 +62,19 @@ CONNECT_WAIT_S = 5.0  # a connection from the pool, else the store is unavailabl
 UNAVAILABLE = (
     psycopg.OperationalError, PoolTimeout, psycopg.errors.ReadOnlySqlTransaction, psycopg.errors.InsufficientResources,
 )
-# The schema or a table vanished (a restored backup older than them): make them again and retry.
+# The schema or a table vanished (a restored backup older than them, a DROP by hand): make them
+# again, rebuild, and retry.
 MISSING = (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName)
+# A table altered by hand under a running sink (a column dropped or retyped): NOT_SERVING with the
+# reason until an operator fixes it, never a crash loop. At start it is refused (StoreRefused).
+ALTERED = (psycopg.errors.UndefinedColumn, psycopg.errors.DatatypeMismatch, psycopg.errors.NotNullViolation)
+# What every table holds, by column: (type as information_schema names it).
+JOB_COLUMNS = {"key": "text", "value": "bytea", "row": "jsonb"}
+META_COLUMNS = {
+    "sink.partitions": {"partition_id": "integer", "owner_token": "bigint", "applied_offset": "bigint", "rejected": "bigint"},
+    "sink.tables": {"job": "text", "fingerprint": "text"},
+    "sink.aliases": {"job": "text", "target": "text", "registry_offset": "bigint"},
+}
 _RESERVED_COLUMNS = {"key", "value", "row"}
 # A batch's changes on their way in: per connection (temporary), emptied at each commit.
 _STAGING = (
@@ -406,7 +417,28 @@ class PostgresTables:
             conn.execute(self._sql(
                 "CREATE TABLE IF NOT EXISTS {aliases} (job text PRIMARY KEY, target text NOT NULL, registry_offset bigint NOT NULL)"
             ))
+            self._check_tables(conn)
         self._ready = True
+
+    def _check_tables(self, conn: psycopg.Connection[Any]) -> None:
+        """StoreRefused naming the first table that lacks a column the sink writes, or holds it
+        with another type (altered by hand): writing on it would fail or mislead."""
+        columns: dict[str, dict[str, str]] = {}
+        for table, column, kind in conn.execute(
+            "SELECT table_name, column_name, data_type FROM information_schema.columns WHERE table_schema = %s",
+            (self.schema,),
+        ):
+            columns.setdefault(str(table), {})[str(column)] = str(kind)
+        for table, held in sorted(columns.items()):
+            wanted = META_COLUMNS.get(table, JOB_COLUMNS)
+            for column, kind in wanted.items():
+                if held.get(column) != kind:
+                    found = f"is {held[column]}" if column in held else "is missing"
+                    raise StoreRefused(
+                        f"PostgreSQL table {self.schema}.{table}: column {column} {found}, the sink writes {kind}; "
+                        f"was it altered by hand? Drop the schema (DROP SCHEMA {self.schema} CASCADE) and the sink "
+                        "rebuilds every table from compute.results"
+                    )
 
     def _make_tables(self, conn: psycopg.Connection[Any], latest: dict[tuple[str, str], Change]) -> list[str]:
         """Each job's table, made in the transaction of its first change (typed columns from
@@ -430,6 +462,11 @@ class PostgresTables:
             yield
         except UNAVAILABLE as exc:
             raise StoreUnavailable(f"PostgreSQL unavailable ({what}): {_first_line(exc)}") from exc
+        except ALTERED as exc:
+            raise StoreUnavailable(
+                f"PostgreSQL refuses the sink's write ({what}): {_first_line(exc)}; was a table of schema {self.schema} "
+                "altered by hand? (docs/services/sink.md, 'PostgreSQL')"
+            ) from exc
 
     def _write(self, partition: int, work: Work[T]) -> T:
         """``work(conn)`` in one transaction (the schema made first; made again and retried once
@@ -438,12 +475,16 @@ class PostgresTables:
             with conn.transaction():
                 return work(conn)
 
-        return self._run(f"sink partition {partition}", transaction)
+        return self._run(f"sink partition {partition}", transaction, rebuild=True)
 
     def _read(self, what: str, work: Work[T]) -> T:
         return self._run(what, work)
 
-    def _run(self, what: str, work: Work[T]) -> T:
+    def _run(self, what: str, work: Work[T], rebuild: bool = False) -> T:
+        """``work(conn)``; if the schema or a table vanished, made again and retried once. A
+        write (``rebuild``) that finds a job's table gone also clears every partition's applied
+        offset: the table's rows came from all of them, so every owner must find its partition
+        diverged and replay it, or the rows before the loss would never come back."""
         with self._available(what):
             for attempt in (1, 2):
                 self._ensure_schema()
@@ -457,7 +498,15 @@ class PostgresTables:
                     with self._lock:
                         self._ready = False
                         self._tables.clear()
+                    if rebuild:
+                        self._forget_positions()
         raise AssertionError("unreachable")
+
+    def _forget_positions(self) -> None:
+        self._ensure_schema()
+        with self._pool.connection() as conn:
+            cleared = conn.execute(self._sql("UPDATE {partitions} SET applied_offset = NULL")).rowcount
+        log.warning("sink: every partition of schema %s will be rebuilt from compute.results (%d cleared)", self.schema, cleared)
 
 
 def latest_per_row(changes: Iterable[Change]) -> dict[tuple[str, str], Change]:

@@ -5,13 +5,16 @@ retired versions the worker skips), started before it and stopped after it."""
 
 from __future__ import annotations
 
+import logging
+
 import grpc
 
 from onceflow.admin import ServiceServer
 from onceflow.admin.loop_controls import LoopControls
 from onceflow.config import CommonSettings
 from onceflow.runner import run_loop_service
-from onceflow.state.result_store import ResultStore
+from onceflow.service_main import EXIT_USAGE
+from onceflow.state.result_store import ResultStore, StoreRefused
 from onceflow.v1 import jobs_pb2, jobs_pb2_grpc, sink_pb2, sink_pb2_grpc
 
 from onceflow_sink.aliases import RegistryFollower
@@ -20,6 +23,9 @@ from onceflow_sink.job_admin import JobAdminServicer
 from onceflow_sink.query import QueryServicer
 from onceflow_sink.stores import open_store
 from onceflow_sink.worker import SinkWorker
+
+log = logging.getLogger(__name__)
+
 
 def gauges(worker: SinkWorker, follower: RegistryFollower) -> dict[str, float]:
     stats = worker.stats
@@ -55,7 +61,11 @@ def build(settings: SinkSettings) -> tuple[SinkWorker, ServiceServer, RegistryFo
 
 
 def run(settings: SinkSettings) -> int:
-    worker, server, follower = build(settings)
+    try:
+        worker, server, follower = build(settings)
+    except StoreRefused as exc:
+        log.error("sink: not started: %s", exc)
+        return EXIT_USAGE
     follower.start()
     # A start that replays compute.results (a new Redis, a rebuild) then skips retired versions
     # from its first batch rather than rebuild their tables for the follower to drop.

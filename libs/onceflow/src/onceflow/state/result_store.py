@@ -29,6 +29,11 @@ from typing import Protocol
 from onceflow.state.fencing import Outcome
 
 
+class StoreRefused(Exception):
+    """The store holds something this sink must not write on (a table altered by hand): an
+    operator has to fix it; the sink does not start (exit 2) rather than guess."""
+
+
 @dataclass(frozen=True)
 class Answer:
     outcome: Outcome  # applied, checked, fenced, diverged, retaken
