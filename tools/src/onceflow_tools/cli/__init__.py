@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from onceflow_tools.infra import secure
-from onceflow_tools.cli import admin, batch, bench, console, demo, dlq, health, infra, job, nexmark, producer, query, sink, source, stream, topology, verify
+from onceflow_tools.cli import admin, batch, bench, console, demo, dlq, health, infra, job, nexmark, producer, query, sink, source, sql, stream, topology, verify
 
 app = typer.Typer(no_args_is_help=True, help="onceflow: exactly-once stream processing.")
 app.add_typer(infra.app, name="infra")
@@ -17,6 +17,7 @@ app.add_typer(stream.app, name="stream")
 app.add_typer(producer.app, name="producer")
 app.add_typer(dlq.app, name="dlq")
 app.add_typer(job.app, name="job")
+app.add_typer(sql.app, name="sql")  # lazy like batch: pyspark only when it runs
 app.command("demo")(demo.demo)
 app.command("health")(health.health)
 app.command("nexmark")(nexmark.send)

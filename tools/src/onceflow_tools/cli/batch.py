@@ -31,9 +31,6 @@ class InputFormat(str, enum.Enum):
 
 
 def batch(
-    job: Annotated[
-        str, typer.Option("--job", "-j", help="A built-in job (wordcount, usersum, bigspend) or a module defining `job`.")
-    ],
     input_path: Annotated[
         Path,
         typer.Option(
@@ -55,8 +52,22 @@ def batch(
         str, typer.Option("--spark-master", "--master", envvar="ONCEFLOW_COMPUTE_SPARK_MASTER", help="Spark master URL.")
     ] = "local[*]",
     limit: Annotated[int, typer.Option(help="Rows to show when there is no --output.")] = 20,
+    job: Annotated[
+        str | None,
+        typer.Option("--job", "-j", show_default=False, help="A built-in job (wordcount, usersum, bigspend) or a module defining `job`."),
+    ] = None,
+    sql_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--sql", exists=True, dir_okay=False, readable=True, show_default=False,
+            help="A SQL job's .sql file, run as ONE Spark SQL query over the input: the reference answer (docs/sql.md).",
+        ),
+    ] = None,
 ) -> None:
     """Run JOB over a bounded input as one Spark batch job: the final result table, as streaming gives it."""
+    if (job is None) == (sql_file is None):
+        console.print("[red]give one of --job and --sql[/]")
+        raise typer.Exit(2)
     try:
         from onceflow_compute import batch as compute_batch
         from onceflow_compute.jobs import load_job
@@ -67,6 +78,11 @@ def batch(
         )
         raise typer.Exit(2) from None
 
+    if sql_file is not None:
+        result = _sql_batch(sql_file, input_path, input_format.value if input_format is not None else None, spark_master)
+        _show(result, output, limit)
+        return
+    assert job is not None
     try:
         compute_job = load_job(job)
     except ValueError as exc:
@@ -85,12 +101,41 @@ def batch(
             console.print(f"[red]{escape(str(input_path))}[/]: {escape(str(exc))}")
             raise typer.Exit(2) from None
 
+    _show(result, output, limit)
+
+
+def _show(result: BatchResult, output: Path | None, limit: int) -> None:
     if output is not None:
         with output.open("wb") as out:
             result.write_jsonl(out)
     summary(result, output)
     if output is None:
         rows(result, limit)
+
+
+def _sql_batch(sql_file: Path, input_path: Path, fmt: str | None, spark_master: str) -> BatchResult:
+    """The SQL text as one Spark SQL query over the input (the SQL job's reference answer)."""
+    from onceflow_compute import batch as compute_batch
+    from onceflow_compute.sql import SqlError
+    from onceflow_compute.sql.batch import run_sql_batch
+
+    spark_log = runtime_dir() / "logs" / "batch-spark.log"
+    with console.status(f"running {sql_file.name} over {input_path.name} on Spark {spark_master} ..."), stderr_to(spark_log):
+        engine = compute_batch.spark_engine(spark_master)
+        try:
+            assert engine.session is not None
+            return run_sql_batch(sql_file, input_path, engine.session, fmt)
+        except SqlError as exc:
+            console.print(f"[red]{escape(str(sql_file))}: {escape(str(exc))}[/]")
+            raise typer.Exit(2) from None
+        except compute_batch.JobFailed as exc:
+            console.print(f"[red]{escape(str(exc))}[/] (Spark's own log: {escape(str(spark_log))})")
+            raise typer.Exit(1) from None
+        except (OSError, ValueError) as exc:
+            console.print(f"[red]{escape(str(input_path))}[/]: {escape(str(exc))}")
+            raise typer.Exit(2) from None
+        finally:
+            engine.close()
 
 
 def letters(result: BatchResult) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import pkgutil
 
 from onceflow.topology import check_job_name
@@ -20,7 +21,20 @@ class NoSuchJob(ValueError):
 
 def load_job(name: str) -> Job:
     """``wordcount`` (built-in) or ``my_pkg.my_job`` (a module with a ``job`` attribute). A
-    module that exists but raises on import raises that."""
+    module that exists but raises on import raises that. ``sql:path/to/file.sql``: a SQL job
+    (docs/sql.md), analysed by Spark; a query it refuses raises its SqlError (a ValueError)."""
+    if name.startswith("sql:"):
+        from pathlib import Path
+
+        from onceflow_compute import sql  # pyspark: only for a SQL job
+
+        path = Path(name.removeprefix("sql:"))
+        if not path.is_file():
+            raise NoSuchJob(f"no job {name!r}: no SQL file {path}")
+        sql_job = sql.load(path)
+        for warning in sql_job.plan.warnings:
+            logging.getLogger(__name__).warning("job %s: %s", sql_job.name, warning)
+        return sql_job.job
     module_name = name if "." in name else f"{__name__}.{name}"
     try:
         module = importlib.import_module(module_name)

@@ -1,0 +1,178 @@
+"""A .sql file -> an ordinary onceflow job (an Aggregation or a Transform), so the map/merge hops,
+combiners, retractions and exactly-once machinery run it unchanged."""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from onceflow_compute.api import Aggregate, Aggregation, Avg, Combine, Count, Job, JSONValue, Max, Min, Sum, Transform
+from onceflow_compute.sql.ddl import Table, is_create_table, parse_table
+from onceflow_compute.sql.plan import AggregateSpec, Plan, analyse, empty_frame
+from onceflow_compute.sql.text import SqlError, job_name, padded, position, statements
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+RECORD_ID = "_record_id"  # a transform's rows are keyed by their record: unique, as docs/jobs.md asks
+
+
+class DistinctValues:
+    """COUNT(DISTINCT ...): the accumulator is the sorted list of the values seen (a set, as JSON)."""
+
+    def init(self) -> JSONValue:
+        return []
+
+    def add(self, acc: Any, value: Any) -> JSONValue:
+        if value is not None:
+            at = bisect.bisect_left(acc, value)
+            if at == len(acc) or acc[at] != value:
+                acc.insert(at, value)
+        return acc
+
+    def merge(self, a: Any, b: Any) -> JSONValue:
+        return sorted(set(a) | set(b))
+
+    def result(self, acc: Any) -> JSONValue:
+        return len(acc)
+
+
+@dataclass(frozen=True)
+class SqlJob:
+    name: str
+    source: str  # the file's text
+    query: str  # the query, padded to its place in the file
+    tables: dict[str, Table]
+    plan: Plan
+    job: Job
+
+    @property
+    def updating(self) -> bool:
+        return self.plan.kind == "aggregation"
+
+
+def argument_column(index: int) -> str:
+    return f"__sql_arg{index}"
+
+
+def _quoted(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _aggregate(index: int, spec: AggregateSpec) -> Aggregate:
+    column = argument_column(index)
+    if spec.function == "COUNT" and spec.argument is None:
+        return Count(spec.name)
+    if spec.function == "COUNT":  # rows whose argument is not null: each group has one row at least, so never null
+        return Sum(column, name=spec.name)
+    if spec.function == "COUNT_DISTINCT":
+        return Combine(column, name=spec.name, combiner=DistinctValues())
+    return {"SUM": Sum, "MIN": Min, "MAX": Max, "AVG": Avg}[spec.function](column, name=spec.name)
+
+
+def _argument_sql(spec: AggregateSpec) -> str:
+    if spec.function == "COUNT":
+        return f"CASE WHEN ({spec.argument}) IS NULL THEN 0 ELSE 1 END"
+    assert spec.argument is not None
+    return spec.argument
+
+
+def row_level(plan: Plan) -> list[str]:
+    """The SELECT list run in Spark on each micro-batch (after the WHERE)."""
+    if plan.kind == "transform":
+        return [f"{_quoted(plan.alias)}.{RECORD_ID} AS {RECORD_ID}"] + [f"{sql} AS {_quoted(name)}" for name, sql in plan.projections]
+    arguments = [
+        f"{_argument_sql(spec)} AS {argument_column(i)}"
+        for i, spec in enumerate(plan.aggregates)
+        if not (spec.function == "COUNT" and spec.argument is None)
+    ]
+    return [f"{plan.key_sql} AS {_quoted(plan.key)}", *arguments]
+
+
+def micro_batch(plan: Plan) -> Any:
+    """DataFrame -> DataFrame: the query's row-level part, over a batch of the table's rows."""
+    columns, condition, alias = row_level(plan), plan.filter, plan.alias
+
+    def run(frame: DataFrame) -> DataFrame:
+        rows = frame.alias(alias)
+        if condition is not None:
+            rows = rows.where(condition)
+        return rows.selectExpr(*columns)
+
+    return run
+
+
+def build_job(name: str, plan: Plan) -> Job:
+    table = plan.table
+    doc = f"SQL over {table.name}"
+    if plan.kind == "transform":
+        return Transform(name=name, schema=table.schema, key=RECORD_ID, transform=micro_batch(plan), doc=doc, stream=table.stream)
+    # Arguments are numbered by their aggregate's position; COUNT(*) has none.
+    aggregates = tuple(_aggregate(i, spec) for i, spec in enumerate(plan.aggregates))
+    try:
+        return Aggregation(name=name, schema=table.schema, key=plan.key, aggregates=aggregates, prepare=micro_batch(plan), doc=doc,
+                           stream=table.stream)
+    except ValueError as exc:
+        raise SqlError(str(exc)) from None
+
+
+def compile_sql(source: str, stem: str, session: SparkSession) -> SqlJob:
+    """The job a .sql file's text becomes; SqlError says why not."""
+    name = job_name(source, stem)
+    tables: dict[str, Table] = {}
+    queries = []
+    for statement in statements(source):
+        if is_create_table(statement.text):
+            table = parse_table(source, statement.start, statement.text)
+            if table.name.lower() in {t.lower() for t in tables}:
+                line, column = position(source, statement.start)
+                raise SqlError(f"line {line}, column {column}: table {table.name} is declared twice")
+            tables[table.name] = table
+        else:
+            queries.append(statement)
+    if not tables:
+        raise SqlError("no CREATE TABLE: declare the table the query reads")
+    if len(queries) != 1:
+        where = "" if not queries else " (" + ", ".join("line %d" % position(source, q.start)[0] for q in queries) + ")"
+        raise SqlError(f"a SQL job holds one query, this file holds {len(queries)}{where}")
+    query = padded(source, queries[0])
+    plan = analyse(session, tables, query)
+    job = build_job(name, plan)
+    _check_row_level(session, plan, job)
+    return SqlJob(name, source, query, tables, plan, job)
+
+
+def _check_row_level(session: SparkSession, plan: Plan, job: Job) -> None:
+    """The row-level part analysed as the map hop will run it (the schema and the metadata
+    columns, from Arrow), so a query Spark cannot run that way is refused now, not per batch."""
+    from onceflow_compute.api import METADATA_COLUMNS
+
+    schema = plan.table.schema
+    for metadata in METADATA_COLUMNS:
+        schema = schema.append(metadata)
+    run = job.transform if isinstance(job, Transform) else getattr(job, "prepare")
+    try:
+        run(empty_frame(session, schema)).schema  # noqa: B018 - analysing is the check
+    except Exception as exc:  # noqa: BLE001 - Spark's AnalysisException
+        raise SqlError(f"the query's row-level part does not run per micro-batch: {exc}") from None
+
+
+def load(path: str | Path, session: SparkSession | None = None) -> SqlJob:
+    """The file's job, analysed in ``session``, the active classic session, or a local one
+    started for this and stopped after (a worker loads its job before it starts Spark)."""
+    path = Path(path)
+    source = path.read_text(encoding="utf-8")
+    if session is not None:
+        return compile_sql(source, path.stem, session)
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None and hasattr(active, "_jsparkSession"):
+        return compile_sql(source, path.stem, active)
+    local = SparkSession.builder.master("local[1]").appName("onceflow-sql-analyse").config("spark.ui.enabled", "false").getOrCreate()
+    try:
+        return compile_sql(source, path.stem, local)
+    finally:
+        local.stop()
