@@ -102,11 +102,11 @@ def test_the_postgres_sink_is_exact_through_kill9s_and_a_crashed_read_only_and_r
         ResultChange(job=JOB, key="k" * (MAX_KEY_BYTES + 1), op=ResultChange.UPSERT, value=b"{}"),
         ResultChange(job=JOB, key="row-list", op=ResultChange.UPSERT, value=b"[1, 2]"),
     ]
-    sender = threading.Thread(target=produce, args=(pipeline, [*poison, *changes(20_000, 1500, seed=1)], 0.3), daemon=True)
+    sender = threading.Thread(target=produce, args=(pipeline, [*poison, *changes(12_000, 1500, seed=1)], 0.3), daemon=True)
     sender.start()
     rng = random.Random(2)
-    for _ in range(3):
-        time.sleep(rng.uniform(1.0, 3.0))
+    for _ in range(2):
+        time.sleep(rng.uniform(1.0, 2.5))
         assert proc.kill9() == -9
         proc.start()
     sender.join(120)

@@ -169,7 +169,7 @@ def write(text: str, rows: list[dict[str, object]]) -> tuple[Path, Path]:
     return folder / "q.sql", folder / "in.jsonl"
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=orders)
 def test_a_group_by_with_every_aggregate_equals_sparks_batch_answer(engine: SparkEngine, rows: list[dict[str, object]]) -> None:
     sql_file, input_file = write(GROUPED, rows)
@@ -179,7 +179,7 @@ def test_a_group_by_with_every_aggregate_equals_sparks_batch_answer(engine: Spar
     assert same(streamed.table, reference.table), (streamed.table, reference.table)
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=orders)
 def test_a_projection_and_where_equals_sparks_batch_answer(engine: SparkEngine, rows: list[dict[str, object]]) -> None:
     sql_file, input_file = write(PROJECTED, rows)

@@ -168,10 +168,14 @@ class FaultSchedule(threading.Thread):
         assert backups is not None and backups.latest is not None  # set up in __init__, taken in run()
         if kind == "postgres-kill":
             return postgres_faults.crash(backups.server)
-        # A backup only just taken (the first fault) would lose nothing: let writes go on first.
+        # A backup only just taken (the first fault) would lose nothing: let writes go on first,
+        # and until the sink applied something after it.
         time.sleep(max(0.0, max(2.0, self.every_s / 2) - backups.age_s()))
+        wrote = backups.wait_for_writes()
         age_s = backups.age_s()
         note = postgres_faults.rollback(backups.server, backups.latest)
+        if not wrote:
+            note += " (the sink applied nothing since the backup within 60 s: nothing was lost)"
         backups.take()  # the next rollback goes back to a moment after this one
         return f"{note}, {age_s:.0f} s back"
 
