@@ -81,7 +81,11 @@ def test_a_build_that_commits_offsets_outside_the_transaction_and_reads_aborted_
     assert verdict["aborted_reads"] > 0, verdict
 
 
+# About 80 s of a worker: in `make test-extended` since 2026-11-28. make test runs the PostgreSQL
+# store's sabotaged campaign (tests/test_verify_sinks.py, about 50 s) and, for Redis, the same
+# sabotaged scripts trusting a rolled-back Redis (tests/test_redis_stores.py).
 @pytest.mark.redis
+@pytest.mark.extended
 def test_a_build_that_trusts_redis_fails_verification_after_a_rollback_and_a_flush(infra: None) -> None:
     """Without the continuity check, a Redis gone back in time passes re-sent records through
     the gate a second time and leaves rows wrong, and nothing else notices."""

@@ -20,7 +20,9 @@ def test_postgres_tables_and_a_kafka_output_topic_stay_exact_through_every_fault
     code, verdict = verify(
         "--sink", "postgres,kafka", "--workload", "keyed-count",
         "--faults", "postgres-kill,postgres-rollback,kill9,zombie,broker",
-        "--duration", "24s", "--rate", "150", "--fault-every", "4", "--seed", "4", "--settle", "120",
+        # Seed 16 draws kill9 and zombie first: a zombie resumed while records still flow finds
+        # itself fenced at once, where one resumed after the clients stopped idles 20 s.
+        "--duration", "24s", "--rate", "150", "--fault-every", "4", "--seed", "16", "--settle", "120",
         timeout_s=900, compute=COMPUTE_NOT_UNDER_TEST,
     )
     assert verdict["ok"] and code == 0, json.dumps(verdict)
@@ -38,9 +40,7 @@ def test_postgres_tables_and_a_kafka_output_topic_stay_exact_through_every_fault
     assert verdict["redis_repairs"] > 0, verdict
 
 
-# About 50 s of a worker: in `make test-extended`, as the offsets sabotage is. In `make test`,
-# tests/test_postgres_store.py shows the same sabotaged apply trusting a rolled-back database.
-@pytest.mark.extended
+# make test's sabotaged campaign (the Redis one, tests/test_verify.py, runs in make test-extended).
 def test_a_build_whose_postgres_apply_skips_the_offset_fence_fails_verification(infra: None) -> None:
     """Without the continuity check, a database restored from an older backup is written on as
     if nothing happened: the rows changed after the backup stay as the backup left them."""
