@@ -128,11 +128,8 @@ class PostgresTables:
 
     def drop_schema(self) -> None:
         """Every table of this topic prefix (a finished verify run's, a test's)."""
-        def drop(conn: psycopg.Connection[Any]) -> None:
-            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(self.schema)))
-
         with self._available("drop schema"), self._pool.connection() as conn:
-            drop(conn)
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(self.schema)))
         self._ready = False
         self._tables.clear()
 
@@ -155,28 +152,26 @@ class PostgresTables:
         self, partition: int, token: int, applied: int, last_offset: int | None, changes: Iterable[Change]
     ) -> Answer:
         latest = latest_per_row(changes)
-        made: list[str] = []
-
-        def work(conn: psycopg.Connection[Any]) -> Answer:
-            made[:] = self._make_tables(conn, latest) if last_offset is not None else []
-            return self._apply_in(conn, partition, token, applied, last_offset, latest)
-
-        answer = self._write(partition, work)
+        answer, made = self._write(
+            partition, lambda conn: self._apply_in(conn, partition, token, applied, last_offset, latest)
+        )
         self._tables.update(made)  # committed with the rows (a rolled back transaction made none)
         return answer
 
     def _apply_in(
         self, conn: psycopg.Connection[Any], partition: int, token: int, applied: int, last_offset: int | None,
         latest: dict[tuple[str, str], Change],
-    ) -> Answer:
+    ) -> tuple[Answer, list[str]]:
+        """The answer, and the job tables this transaction made (only once the checks passed)."""
         newest, stored = self._lock_partition(conn, partition)
         if newest > token:
-            return self._refuse(conn, partition, newest, stored)
+            return self._refuse(conn, partition, newest, stored), []
         unchecked = faults.sabotaged("postgres_unchecked")
         if not unchecked and (newest < token or stored != applied):
-            return Answer(Outcome.DIVERGED, newest, stored)
+            return Answer(Outcome.DIVERGED, newest, stored), []
         if last_offset is None:
-            return Answer(Outcome.CHECKED, newest, stored)
+            return Answer(Outcome.CHECKED, newest, stored), []
+        made = self._make_tables(conn, latest)
         self._write_rows(conn, latest)
         fingerprints = {change.job: change.fingerprint for change in latest.values() if change.fingerprint}
         if fingerprints:
@@ -190,7 +185,7 @@ class PostgresTables:
         conn.execute(
             self._sql("UPDATE {partitions} SET applied_offset = %s WHERE partition_id = %s"), (last_offset, partition)
         )
-        return Answer(Outcome.APPLIED, newest, last_offset)
+        return Answer(Outcome.APPLIED, newest, last_offset), made
 
     def _write_rows(self, conn: psycopg.Connection[Any], latest: dict[tuple[str, str], Change]) -> None:
         """Each job's changes COPYed (binary) into a staging table, then one upsert and one
@@ -265,19 +260,19 @@ class PostgresTables:
     # -- bookkeeping ------------------------------------------------------------------------------
 
     def applied_offset(self, partition: int) -> int:
-        row = self._read(f"sink partition {partition}", lambda conn: conn.execute(
+        row = self._run(f"sink partition {partition}", lambda conn: conn.execute(
             self._sql("SELECT applied_offset FROM {partitions} WHERE partition_id = %s"), (partition,)
         ).fetchone())
         return -1 if row is None or row[0] is None else int(row[0])
 
     def rejected(self, partition: int) -> int:
-        row = self._read(f"sink partition {partition}", lambda conn: conn.execute(
+        row = self._run(f"sink partition {partition}", lambda conn: conn.execute(
             self._sql("SELECT rejected FROM {partitions} WHERE partition_id = %s"), (partition,)
         ).fetchone())
         return 0 if row is None else int(row[0])
 
     def watch_identity(self) -> None:
-        started = self._read("sink", lambda conn: conn.execute("SELECT pg_postmaster_start_time()").fetchone())
+        started = self._run("sink", lambda conn: conn.execute("SELECT pg_postmaster_start_time()").fetchone())
         assert started is not None
         if self._started_at is not None and started[0] != self._started_at:
             self._restarts += 1
@@ -291,7 +286,7 @@ class PostgresTables:
     # -- versions --------------------------------------------------------------------------------
 
     def set_alias(self, job: str, table: str, offset: int) -> bool:
-        row = self._read(f"alias {job}", lambda conn: conn.execute(
+        row = self._run(f"alias {job}", lambda conn: conn.execute(
             self._sql(
                 "INSERT INTO {aliases} (job, target, registry_offset) VALUES (%s, %s, %s) ON CONFLICT (job) "
                 "DO UPDATE SET target = EXCLUDED.target, registry_offset = EXCLUDED.registry_offset "
@@ -302,7 +297,7 @@ class PostgresTables:
         return row is not None
 
     def alias(self, job: str) -> tuple[str, int] | None:
-        row = self._read(f"alias {job}", lambda conn: conn.execute(
+        row = self._run(f"alias {job}", lambda conn: conn.execute(
             self._sql("SELECT target, registry_offset FROM {aliases} WHERE job = %s"), (job,)
         ).fetchone())
         return None if row is None else (str(row[0]), int(row[1]))
@@ -318,11 +313,11 @@ class PostgresTables:
             conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(self.schema, table)))
             conn.execute(self._sql("DELETE FROM {tables} WHERE job = %s"), (table,))
 
-        self._read(f"table {table}", drop)
+        self._run(f"table {table}", drop)
         self._tables.discard(table)
 
     def table_fingerprint(self, job: str) -> str:
-        row = self._read(f"table {job}", lambda conn: conn.execute(
+        row = self._run(f"table {job}", lambda conn: conn.execute(
             self._sql("SELECT fingerprint FROM {tables} WHERE job = %s"), (job,)
         ).fetchone())
         return "" if row is None else str(row[0])
@@ -332,7 +327,7 @@ class PostgresTables:
     def get(self, table: str, key: str) -> bytes | None:
         if not self._table_exists(table):
             return None
-        row = self._read(f"table {table}", lambda conn: conn.execute(
+        row = self._run(f"table {table}", lambda conn: conn.execute(
             sql.SQL("SELECT value FROM {} WHERE key = %s").format(sql.Identifier(self.schema, table)), (key,)
         ).fetchone())
         return None if row is None else bytes(row[0])
@@ -368,7 +363,7 @@ class PostgresTables:
                     conn.execute(sql.SQL("SET LOCAL statement_timeout = {}").format(sql.Literal(timeout_ms)))
                 return [(str(key), bytes(value)) for key, value in conn.execute(query, params).fetchall()]
 
-        rows = self._read(f"table {table}", read)
+        rows = self._run(f"table {table}", read)
         if len(rows) <= limit:
             return ScanPage(rows, b"", table)
         rows = rows[:limit]
@@ -378,13 +373,13 @@ class PostgresTables:
     def table(self, job: str) -> dict[bytes, bytes]:
         if not self._table_exists(job):
             return {}
-        rows = self._read(f"table {job}", lambda conn: conn.execute(
+        rows = self._run(f"table {job}", lambda conn: conn.execute(
             sql.SQL("SELECT key, value FROM {}").format(sql.Identifier(self.schema, job))
         ).fetchall())
         return {str(key).encode(): bytes(value) for key, value in rows}
 
     def _table_exists(self, table: str) -> bool:
-        row = self._read(f"table {table}", lambda conn: conn.execute(
+        row = self._run(f"table {table}", lambda conn: conn.execute(
             "SELECT to_regclass(%s)", (sql.Identifier(self.schema, table).as_string(conn),)
         ).fetchone())
         return row is not None and row[0] is not None
@@ -476,9 +471,6 @@ class PostgresTables:
                 return work(conn)
 
         return self._run(f"sink partition {partition}", transaction, rebuild=True)
-
-    def _read(self, what: str, work: Work[T]) -> T:
-        return self._run(what, work)
 
     def _run(self, what: str, work: Work[T], rebuild: bool = False) -> T:
         """``work(conn)``; if the schema or a table vanished, made again and retried once. A
