@@ -200,6 +200,10 @@ def copy_faults(expected: set[str], counts: Counter[str]) -> tuple[list[str], li
     return sorted(expected - set(counts)), sorted(i for i, n in counts.items() if n > 1 or i not in expected)
 
 
+# About 105 s. make test proves the source through kill -9s, a zombie and dead letters once, on
+# another cluster (the test at the end); this same-cluster twin, with faults at random
+# transaction points, runs in make test-extended.
+@pytest.mark.extended
 def test_a_topic_copied_through_kill9s_counts_every_record_once(running: Running) -> None:
     common = running.common
     topic = fill_topic(common.kafka_bootstrap, f"{common.topic_prefix}user.orders", "a", 3000, seed=7)
