@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from onceflow import topology
@@ -20,12 +20,14 @@ from onceflow.codec import new_id
 from onceflow.state.store import MemoryStore
 from onceflow.testing import Record, StageDriver
 from onceflow.topology import Topic, job_topic
-from onceflow.v1.envelope_pb2 import Envelope
+from onceflow.v1.compute_pb2 import PartialAggregate
+from onceflow.v1.envelope_pb2 import DeadLetter, Envelope
 from onceflow.v1.results_pb2 import ResultChange
 
 from onceflow_compute import batch, jobs, sql, stats
 from onceflow_compute.api import Aggregation, Transform
 from onceflow_compute.engine.spark import SparkEngine
+from onceflow_compute.map.eventtime import EventTimeGate
 from onceflow_compute.map.stage import MapStage
 from onceflow_compute.merge.aggregation import MergeStage
 from onceflow_compute.sql.batch import run_sql_batch
@@ -86,11 +88,25 @@ def test_what_is_not_mapped_is_refused_naming_the_construct(engine: SparkEngine)
         "SELECT CAST(rand() * 3 AS INT) AS k, COUNT(*) FROM orders GROUP BY CAST(rand() * 3 AS INT)": "not deterministic",
         "SELECT product, current_timestamp() AS t FROM orders": "current_timestamp() reads the clock",
         "SELECT product, COUNT(*) FROM TABLE(TUMBLE(TABLE orders, DESCRIPTOR(ts), INTERVAL '1' MINUTE)) GROUP BY product":
-            "windows (TUMBLE) are not yet supported",
-        "SELECT window(ts, '1 minute') AS w, COUNT(*) FROM orders GROUP BY window(ts, '1 minute')": "windows (WINDOW) are not yet supported",
+            "window table functions (TUMBLE(TABLE ...)) are not supported: GROUP BY window(ts",
+        "SELECT window(ts, '1 minute') AS w, COUNT(*) FROM orders GROUP BY window(ts, '1 minute')":
+            "the window is selected as window.start AS window_start and window.end AS window_end, and in no other way",
+        "SELECT product, window.start AS window_start, COUNT(*) AS n FROM orders GROUP BY product, window(ts, '1 minute')":
+            "a windowed query SELECTs window.start AS window_start, window.end AS window_end",
+        "SELECT product, window.start AS window_start, window.end AS window_end, COUNT(*) AS n FROM orders "
+        "GROUP BY product, window(ts, '1 month')": "duration '1 month'",
+        "SELECT product, window.start AS window_start, window.end AS window_end, COUNT(*) AS n FROM orders "
+        "GROUP BY product, window(ts, '1 minute', '2 minutes')": "the slide (120000 ms) must be more than 0 and at most the size",
+        "SELECT product, window.start AS window_start, window.end AS window_end, COUNT(*) AS n FROM orders "
+        "GROUP BY product, window(ts + INTERVAL 1 SECOND, '1 minute')": "not an expression",
+        "SELECT window(ts, '1 minute').start AS s, product FROM orders": "belongs in a GROUP BY",
         "SELECT a.product FROM orders a JOIN orders b ON a.product = b.product": "joins are not yet supported",
-        "SELECT product, COUNT(*) AS n FROM orders GROUP BY product HAVING COUNT(*) > 1": "HAVING is not yet supported",
-        "SELECT product, quantity, COUNT(*) FROM orders GROUP BY product, quantity": "GROUP BY of 2 expressions",
+        "SELECT product, COUNT(*) AS n FROM orders GROUP BY product HAVING SUM(quantity) > 1":
+            "HAVING reads an aggregate the SELECT does not name: SELECT it too",
+        "SELECT product, COUNT(*) AS n FROM orders GROUP BY product HAVING product <> 'x' AND n > 1":
+            "HAVING reads product: HAVING filters on the aggregates the SELECT names; a condition on a GROUP BY column",
+        "SELECT product, COUNT(*) AS n FROM orders GROUP BY product HAVING length(CAST(n AS STRING)) > 1": "length is not supported in HAVING",
+        "SELECT product, COUNT(*) FROM orders GROUP BY product, quantity": "SELECT the GROUP BY key (orders.quantity)",
         "SELECT product, SUM(quantity) + 1 AS s FROM orders GROUP BY product": "an expression over aggregates",
         "SELECT COUNT(*) FROM orders GROUP BY product": "SELECT the GROUP BY key (orders.product)",
         "SELECT product, ts FROM orders": "result column ts is TIMESTAMP",
@@ -99,6 +115,18 @@ def test_what_is_not_mapped_is_refused_naming_the_construct(engine: SparkEngine)
     }
     for query, expected in cases.items():
         assert expected in refusal(engine, ORDERS + query), query
+
+
+def test_a_window_is_over_the_tables_event_time(engine: SparkEngine) -> None:
+    windowed = ("SELECT a, window.start AS window_start, window.end AS window_end, COUNT(*) AS n FROM t "
+                "GROUP BY a, window(t2, '1 minute')")
+    assert "a window is over the table's event-time column; table t: its event-time column is t1" in refusal(
+        engine, f"CREATE TABLE t (a STRING, t1 TIMESTAMP, t2 TIMESTAMP, WATERMARK FOR t1 AS t1); {windowed}")
+    assert "table t: it declares no WATERMARK" in refusal(engine, f"CREATE TABLE t (a STRING, t2 TIMESTAMP); {windowed}")
+    assert "line 1, column 42: CREATE TABLE: WATERMARK FOR t: a computed event time is timestamp_millis(c) of an integer column" in refusal(
+        engine, "CREATE TABLE t (a STRING, t AS upper(a), WATERMARK FOR t AS t); SELECT a FROM t")
+    assert "not timestamp_millis(a)" in refusal(engine, "CREATE TABLE t (a STRING, t AS timestamp_millis(a), WATERMARK FOR t AS t); SELECT a FROM t")
+    assert "table t: a computed column" in refusal(engine, "CREATE TABLE t (a STRING, t AS nope(a)); SELECT a FROM t")
 
 
 def test_the_ddl_is_strict_and_says_where(engine: SparkEngine) -> None:
@@ -192,6 +220,68 @@ def test_a_projection_and_where_equals_sparks_batch_answer(engine: SparkEngine, 
     assert all(row["_record_id"] == key for key, row in streamed.table.items())
 
 
+EVENTS = """-- job: events_sql
+CREATE TABLE events (
+  user_name STRING, amount BIGINT, at_ms BIGINT NOT NULL,
+  at AS timestamp_millis(at_ms),
+  WATERMARK FOR at AS at - INTERVAL '2' SECOND
+);
+"""
+WINDOW = "window.start AS window_start, window.end AS window_end"
+KEYED_QUERIES = {
+    "tumbling": f"SELECT user_name, {WINDOW}, COUNT(*) AS n, SUM(amount) AS total FROM events GROUP BY user_name, window(at, '10 seconds')",
+    "hopping": f"SELECT upper(user_name) AS who, {WINDOW}, MAX(amount) AS top, AVG(amount) AS mean FROM events WHERE amount <> 7 "
+               "GROUP BY upper(user_name), window(at, '10 seconds', '4 seconds')",
+    "sessions": "SELECT user_name, session_window.start AS window_start, session_window.end AS window_end, COUNT(*) AS n, "
+                "MIN(amount) AS low FROM events GROUP BY user_name, session_window(at, '3 seconds')",
+    "window only": f"SELECT {WINDOW}, COUNT(DISTINCT user_name) AS users, COUNT(amount) AS amounts FROM events GROUP BY window(at, '5 seconds')",
+    "two keys": "SELECT user_name, amount % 3 AS bucket, COUNT(*) AS n, SUM(amount) AS total FROM events GROUP BY user_name, amount % 3",
+    "having": "SELECT user_name, COUNT(*) AS n, SUM(amount) AS total, AVG(amount) AS mean FROM events GROUP BY user_name "
+              "HAVING COUNT(*) > 2 AND (SUM(amount) IS NULL OR total % 2 = 0 OR mean / 2 >= 2.5) AND NOT n IN (4, 7)",
+    "windowed having": f"SELECT user_name, {WINDOW}, MAX(amount) AS top FROM events GROUP BY user_name, window(at, '10 seconds') "
+                       "HAVING MAX(amount) >= 5 OR MAX(amount) IS NULL",
+}
+events = st.lists(
+    st.fixed_dictionaries({
+        "user_name": st.sampled_from(["ann", "Ann", "bob", None]),
+        "amount": st.one_of(st.none(), st.integers(-3, 20)),
+        # Window and session edges (a session's gap is 3 s) as often as anything between.
+        "at_ms": st.one_of(st.integers(0, 40_000), st.sampled_from([0, 2_999, 3_000, 6_000, 9_999, 10_000, 12_000])),
+    }),
+    min_size=1, max_size=40,
+)
+
+
+@pytest.mark.parametrize("query", sorted(KEYED_QUERIES))
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=events)
+# Edges every run: a record exactly one session gap after another (Spark's sessions merge), one
+# on a window's end.
+@example(rows=[{"user_name": "ann", "amount": 1, "at_ms": 0}, {"user_name": "ann", "amount": 2, "at_ms": 3_000},
+               {"user_name": "ann", "amount": None, "at_ms": 10_000}, {"user_name": None, "amount": 3, "at_ms": 6_000}])
+def test_windows_and_composite_keys_equal_sparks_batch_answer(engine: SparkEngine, query: str, rows: list[dict[str, object]]) -> None:
+    """Tumbling, hopping and session windows (Spark's window() and session_window()), a window
+    without a key and a GROUP BY of two expressions: every window complete (bounded input), the
+    job's table through its own hops is Spark's one-query answer."""
+    sql_file, input_file = write(EVENTS + KEYED_QUERIES[query], rows)
+    assert engine.session is not None
+    reference = run_sql_batch(sql_file, input_file, engine.session)
+    streamed = batch.run_batch(sql.load(sql_file, engine.session).job, input_file, engine)
+    assert same(streamed.table, reference.table), (streamed.table, reference.table)
+
+
+def test_a_window_without_lateness_is_append_only_and_with_it_updating(engine: SparkEngine) -> None:
+    tumbling = EVENTS + KEYED_QUERIES["tumbling"]
+    late = compiled(engine, tumbling)
+    assert late.updating and isinstance(late.job, Aggregation) and late.job.allowed_lateness_ms == 2_000
+    on_time = compiled(engine, tumbling.replace(" - INTERVAL '2' SECOND", ""))
+    assert not on_time.updating and "result table: append-only" in explain(on_time)
+    assert "window: tumbling(10000 ms) over at" in explain(late) and "late records within 2000 ms" in explain(late)
+    two_keys = compiled(engine, EVENTS + KEYED_QUERIES["two keys"])
+    assert isinstance(two_keys.job, Aggregation) and not two_keys.job.show_key
+    assert "results keyed by the JSON array of their string forms" in explain(two_keys)
+
+
 def record(index: int, payload: dict[str, object]) -> Record:
     envelope = Envelope(record_id=f"r{index}", root_id=new_id(), edge_id=new_id(), attempt=1, payload=json.dumps(payload).encode())
     return Record.of(envelope, key=b"")
@@ -213,9 +303,49 @@ def test_an_updating_query_retracts_through_the_hops_and_a_transform_never_does(
     last = json.loads(changes[-1].value)
     assert (last["n"], last["revenue"], last["prices"], last["mean"]) == (2, 100, 1, 2.5)
 
+    # HAVING: ann's row passes (n = 2 > 1), then stops passing (her revenue turns odd): retracted alone.
+    having = compiled(engine, GROUPED + " HAVING n > 1 AND revenue % 2 = 0").job
+    assert isinstance(having, Aggregation)
+    partials = job_topic(Topic.COMPUTE_PARTIALS, having.name)
+    mapper = StageDriver.for_hop(topology.COMPUTE_MAP, MapStage(having, engine, partials, results, stats.JobCounts()), job=having.name)
+    merger = StageDriver.for_hop(topology.COMPUTE_MERGE, MergeStage(having, results, stats.JobCounts()), job=having.name,
+                                 store=lambda _partition: MemoryStore())
+    changes = []
+    for step, cents in enumerate((20, 20, 11)):
+        mapped = mapper.process([record(10 + step, {"product": "Ann", "quantity": 1, "unit_cents": cents})])
+        changes += merger.process([Record(r.value, r.key) for r in mapped.topic(partials)]).decode(results, ResultChange)
+    assert [(c.key, c.op, json.loads(c.value)["n"]) for c in changes] == [("ann", ResultChange.UPSERT, 2), ("ann", ResultChange.RETRACT, 2)]
+
     projected = compiled(engine, PROJECTED).job
     mapper = StageDriver.for_hop(topology.COMPUTE_MAP, MapStage(projected, engine, job_topic(Topic.COMPUTE_PARTIALS, projected.name),
                                                                 results, stats.JobCounts()), job=projected.name)
     done = mapper.process([record(i, {"product": "ann", "quantity": i, "unit_cents": 20}) for i in range(3)])
     ops = [c.op for c in done.decode(results, ResultChange)]
     assert ops == [ResultChange.UPSERT] * 3
+
+
+def test_a_windowed_query_reads_event_time_from_a_timestamp_column_in_the_map_hop(engine: SparkEngine) -> None:
+    """The map hop judges lateness before the query runs, from the payload: a TIMESTAMP column
+    is read as its epoch ms; a record far behind the watermark goes to compute.late, one without
+    a time to compute.dlq, the rest become partials of their window."""
+    windowed = compiled(engine, ORDERS + "SELECT product, window.start AS window_start, window.end AS window_end, COUNT(*) AS n "
+                                         "FROM orders GROUP BY product, window(ts, '10 seconds')").job
+    assert isinstance(windowed, Aggregation) and windowed.time_column == "ts" and windowed.allowed_lateness_ms == 5_000
+    partials, late = job_topic(Topic.COMPUTE_PARTIALS, windowed.name), Topic.COMPUTE_LATE.value
+    gate = EventTimeGate(windowed, 1_000, late, partials, 1, 1)
+    stage = MapStage(windowed, engine, partials, Topic.COMPUTE_RESULTS.value, stats.JobCounts(), event_time=gate)
+    mapper = StageDriver.for_hop(topology.COMPUTE_MAP, stage, job=windowed.name, store=lambda _partition: MemoryStore())
+    mapper.process([record(0, {"product": "ann", "unit_cents": 1, "ts": "2026-11-28T12:00:31"})])
+    done = mapper.process([
+        record(1, {"product": "ann", "unit_cents": 1, "ts": "2026-11-28T12:00:00"}),  # [0 s, 10 s) + 5 s lateness < 30 s
+        record(2, {"product": "bob", "unit_cents": 1, "ts": "2026-11-28T12:00:27.500"}),
+        record(3, {"product": "bob", "unit_cents": 1}),
+    ])
+    assert [checker_id(letter) for letter in done.dead_letters(late)] == ["r1"]
+    assert any("no event time: ts is null" in letter.message for letter in done.dead_letters(Topic.COMPUTE_DLQ.value))
+    keys = {PartialAggregate.FromString(r.value).key for r in done.topic(partials) if PartialAggregate.FromString(r.value).key}
+    assert keys == {"bob"}
+
+
+def checker_id(letter: DeadLetter) -> str:
+    return Envelope.FromString(letter.original).record_id

@@ -40,14 +40,16 @@ def test_global_and_sessions() -> None:
         Hopping(5, 10)
 
 
-@given(st.lists(times, min_size=1, max_size=40), st.integers(1, 1_000))
+@given(st.lists(times, min_size=1, max_size=40), st.integers(1, 1_000), st.booleans())
 @settings(max_examples=200)
-def test_sessions_split_where_records_are_a_gap_apart(ts: list[int], gap: int) -> None:
-    merged = merge_overlapping(w for t in ts for w in Sessions(gap).assign(t))
-    # Independently: sort, and start a new session where the next record is >= gap after the last one.
+def test_sessions_split_where_records_are_a_gap_apart(ts: list[int], gap: int, touching: bool) -> None:
+    sessions = Sessions(gap, merge_touching=touching)
+    merged = merge_overlapping((w for t in ts for w in sessions.assign(t)), sessions.joins)
+    # Independently: sort, and start a new session where the next record is >= gap after the last
+    # one (merging touching sessions, as Spark's session_window: > gap).
     expected, current = [], None
     for t in sorted(set(ts)):
-        if current is not None and t < current[1]:
+        if current is not None and (t <= current[1] if touching else t < current[1]):
             current = (current[0], max(current[1], t + gap))
         else:
             if current is not None:

@@ -79,11 +79,19 @@ def _aggregate(aggregate: Aggregate) -> dict[str, JSONValue]:
     return described
 
 
+# Window settings added after jobs were fingerprinted: described only when not at this value
+# (which behaves as before), so those jobs' fingerprints stand.
+LATER_WINDOW_SETTINGS: dict[str, JSONValue] = {"merge_touching": False}
+
+
 def _window(window: WindowFn) -> dict[str, JSONValue]:
     described: dict[str, JSONValue] = {"type": type(window).__name__}
     if dataclasses.is_dataclass(window):
         for f in dataclasses.fields(window):
-            described[f.name] = getattr(window, f.name)
+            value = getattr(window, f.name)
+            if f.name in LATER_WINDOW_SETTINGS and value == LATER_WINDOW_SETTINGS[f.name]:
+                continue
+            described[f.name] = value
     return described
 
 

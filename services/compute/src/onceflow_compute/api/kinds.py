@@ -42,6 +42,12 @@ class Aggregation:
     time_column: str = "_event_time_ms"
     # The stream the job reads (docs/decisions/0025): it never sees another stream's records.
     stream: str = streams.DEFAULT
+    # False: the key only names the row in the table, not a column of it (a SQL job's composite
+    # key, whose parts are columns of their own).
+    show_key: bool = True
+    # Which rows are in the result table (SQL's HAVING): a row that stops passing is retracted,
+    # one that starts passing is upserted. Pure and deterministic, like every part of a job.
+    having: Callable[[dict[str, JSONValue]], bool] | None = None
     kind: str = field(default="aggregation", init=False)
 
     def __post_init__(self) -> None:
@@ -55,13 +61,15 @@ class Aggregation:
             raise ValueError(f"job {self.name}: allowed_lateness_ms must be >= 0")
         if not self.windowed and self.trigger != Trigger():
             raise ValueError(f"job {self.name}: a job without a window refines its rows at every batch; it takes no trigger")
+        if self.having is not None and self.accumulation is not Accumulation.RETRACTING:
+            raise ValueError(f"job {self.name}: having= needs the retracting accumulation (a row that stops passing is retracted)")
 
     @property
     def windowed(self) -> bool:
         return not isinstance(self.window, GlobalWindows)
 
     def row(self, key: str, partials: Sequence[JSONValue]) -> dict[str, JSONValue]:
-        row: dict[str, JSONValue] = {self.key: key}
+        row: dict[str, JSONValue] = {self.key: key} if self.show_key else {}
         for aggregate, partial in zip(self.aggregates, partials, strict=True):
             row[aggregate.name] = aggregate.result(partial)
         return row
@@ -77,6 +85,12 @@ class Aggregation:
 
     def merge(self, a: Sequence[JSONValue], b: Sequence[JSONValue]) -> list[JSONValue]:
         return [agg.merge(x, y) for agg, x, y in zip(self.aggregates, a, b, strict=True)]
+
+    def shown(self, row: dict[str, JSONValue] | None) -> dict[str, JSONValue] | None:
+        """``row`` if the result table holds it (``having``), else None."""
+        if row is None or self.having is None or self.having(row):
+            return row
+        return None
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,8 @@ from typing import IO, TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from onceflow.v1.results_pb2 import ResultChange
+
 from onceflow_compute import jobs
 from onceflow_compute.api import Aggregation, Job, Join, JSONValue, Transform, encode_json
 from onceflow_compute.batch.read import read_input
@@ -181,7 +183,8 @@ def _aggregate_rows(job: Aggregation, outputs: list[pa.Table]) -> dict[str, dict
     # As the merge hop: partials decoded from the JSON the map hop wrote, the row as the
     # results topic carries it.
     if not job.windowed:
-        return {key: _json(job.row(key, _json(partials))) for (key, _bucket), partials in merged.items()}
+        rows = {key: _json(job.row(key, _json(partials))) for (key, _bucket), partials in merged.items()}
+        return {key: row for key, row in rows.items() if job.shown(row)}
     # Bounded input: every window is complete, so each fires once, on time, with everything.
     engine = windowed_engine(job)
     for (key, bucket), partials in merged.items():
@@ -189,8 +192,11 @@ def _aggregate_rows(job: Aggregation, outputs: list[pa.Table]) -> dict[str, dict
     engine.advance_watermark(MAX_TIME)
     table: dict[str, dict[str, JSONValue]] = {}
     for firing in engine.fire(0):
-        for result_key, _op, row in firing_changes(job, firing):
-            table[result_key] = _json(row)
+        for result_key, op, row in firing_changes(job, firing):
+            if op == ResultChange.RETRACT:
+                table.pop(result_key, None)
+            else:
+                table[result_key] = _json(row)
     return table
 
 

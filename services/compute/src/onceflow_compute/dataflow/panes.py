@@ -146,10 +146,10 @@ class WindowedAggregation:
     def _merge_into(self, key: str, panes: dict[Window, _Pane], window: Window) -> Window:
         """Merge ``window`` with the key's windows it overlaps; returns the merged window, whose
         pane holds the merged partials and owes the retraction of every row emitted before."""
-        overlapping = [w for w in panes if w.overlaps(window)]
+        overlapping = [w for w in panes if self.windows.joins(w, window)]
         if not overlapping:
             return window
-        ((merged, parts),) = merge_overlapping([window, *overlapping])
+        ((merged, parts),) = merge_overlapping([window, *overlapping], self.windows.joins)
         target = _Pane(fired_on_time=self.watermark >= merged.end)
         for part in parts:
             pane = panes.pop(part, None)

@@ -9,7 +9,7 @@ closer than ``gap`` to each other. The global window holds everything.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 MIN_TIME = -(2**62)
@@ -33,6 +33,10 @@ class Window:
     def overlaps(self, other: Window) -> bool:
         return self.start < other.end and other.start < self.end
 
+    def touches(self, other: Window) -> bool:
+        """Overlapping, or one ending where the other starts."""
+        return self.start <= other.end and other.start <= self.end
+
     def span(self, other: Window) -> Window:
         return Window(min(self.start, other.start), max(self.end, other.end))
 
@@ -51,6 +55,10 @@ class WindowFn:
 
     def assign(self, event_time_ms: int) -> list[Window]:
         raise NotImplementedError
+
+    def joins(self, a: Window, b: Window) -> bool:
+        """Merging windows: ``a`` and ``b`` become one."""
+        return a.overlaps(b)
 
     def describe(self) -> str:
         raise NotImplementedError
@@ -111,6 +119,9 @@ class Hopping(WindowFn):
 @dataclass(frozen=True)
 class Sessions(WindowFn):
     gap_ms: int
+    # A record exactly gap_ms after a session's last one joins it (Spark's session_window):
+    # sessions that touch merge, not only those that overlap.
+    merge_touching: bool = False
     merging = True
 
     def __post_init__(self) -> None:
@@ -120,8 +131,11 @@ class Sessions(WindowFn):
     def assign(self, event_time_ms: int) -> list[Window]:
         return [Window(event_time_ms, event_time_ms + self.gap_ms)]
 
+    def joins(self, a: Window, b: Window) -> bool:
+        return a.touches(b) if self.merge_touching else a.overlaps(b)
+
     def describe(self) -> str:
-        return f"sessions(gap {self.gap_ms} ms)"
+        return f"sessions(gap {self.gap_ms} ms{', touching sessions merge' if self.merge_touching else ''})"
 
 
 def time_grain(windows: WindowFn) -> tuple[int, int]:
@@ -144,11 +158,12 @@ def bucket(event_time_ms: int, grain: tuple[int, int]) -> int:
     return (event_time_ms - offset) // size * size + offset
 
 
-def merge_overlapping(windows: Iterable[Window]) -> list[tuple[Window, list[Window]]]:
-    """Each maximal union of overlapping windows, with the windows it was made of (in order)."""
+def merge_overlapping(windows: Iterable[Window], joins: Callable[[Window, Window], bool] = Window.overlaps) -> list[tuple[Window, list[Window]]]:
+    """Each maximal union of overlapping windows (``joins``: of windows that merge), with the
+    windows it was made of (in order)."""
     merged: list[tuple[Window, list[Window]]] = []
     for window in sorted(set(windows)):
-        if merged and merged[-1][0].overlaps(window):
+        if merged and joins(merged[-1][0], window):
             span, parts = merged[-1]
             merged[-1] = (span.span(window), [*parts, window])
         else:

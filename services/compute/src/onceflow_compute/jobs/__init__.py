@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import logging
 import pkgutil
+from pathlib import Path
 
 from onceflow.topology import check_job_name
 
@@ -15,23 +16,37 @@ def builtin_names() -> list[str]:
     return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
 
 
+def builtin_sql_names() -> list[str]:
+    """The SQL jobs shipped with the worker (``sql:NAME``): the Nexmark queries' SQL twins."""
+    return sorted(p.stem for p in (Path(__file__).parent / "sql").glob("*.sql"))
+
+
 class NoSuchJob(ValueError):
     """The name is neither a built-in nor an importable module defining ``job``."""
+
+
+def sql_file(name: str) -> Path:
+    """``sql:path/to/file.sql``'s file, or a built-in SQL job's (``sql:nexmark_q7``)."""
+    path = Path(name.removeprefix("sql:"))
+    if path.suffix != ".sql" and len(path.parts) == 1:
+        builtin = Path(__file__).parent / "sql" / f"{path.name}.sql"
+        if not builtin.is_file():
+            raise NoSuchJob(f"no job {name!r}: not a built-in SQL job ({', '.join(builtin_sql_names())}) nor a .sql file")
+        return builtin
+    if not path.is_file():
+        raise NoSuchJob(f"no job {name!r}: no SQL file {path}")
+    return path
 
 
 def load_job(name: str) -> Job:
     """``wordcount`` (built-in) or ``my_pkg.my_job`` (a module with a ``job`` attribute). A
     module that exists but raises on import raises that. ``sql:path/to/file.sql``: a SQL job
-    (docs/sql.md), analysed by Spark; a query it refuses raises its SqlError (a ValueError)."""
+    (docs/sql.md), analysed by Spark; a query it refuses raises its SqlError (a ValueError).
+    ``sql:NAME``: a built-in SQL job (jobs/sql/NAME.sql)."""
     if name.startswith("sql:"):
-        from pathlib import Path
-
         from onceflow_compute import sql  # pyspark: only for a SQL job
 
-        path = Path(name.removeprefix("sql:"))
-        if not path.is_file():
-            raise NoSuchJob(f"no job {name!r}: no SQL file {path}")
-        sql_job = sql.load(path)
+        sql_job = sql.load(sql_file(name))
         for warning in sql_job.plan.warnings:
             logging.getLogger(__name__).warning("job %s: %s", sql_job.name, warning)
         return sql_job.job

@@ -38,6 +38,16 @@ from onceflow_compute.api import Aggregation, Join
 from onceflow_compute.frames import Frame
 
 
+def event_times(table: pa.Table, column: str) -> list[int | None]:
+    """The time column as epoch ms: an integer column as is, a timestamp (a SQL table's TIMESTAMP,
+    milliseconds in the job's schema) as its milliseconds."""
+    times = table.column(column)
+    if pa.types.is_timestamp(times.type):
+        times = times.cast(pa.timestamp("ms")).cast(pa.int64())
+    values: list[int | None] = times.to_pylist()
+    return values
+
+
 class EventTimeGate:
     def __init__(
         self,
@@ -67,7 +77,7 @@ class EventTimeGate:
         without records that have no event time (dead-lettered to compute.dlq); how many were
         too late; and each input partition's new watermark, for ``emit_watermarks`` once the
         batch's partials are out."""
-        times = frame.table.column(self.job.time_column).to_pylist() if frame.table.num_rows else []
+        times = event_times(frame.table, self.job.time_column) if frame.table.num_rows else []
         newest: dict[int, int | None] = {}
         keep: list[bool] = []
         late = 0

@@ -33,7 +33,7 @@ from onceflow_compute.engine import KEY, ROW, SIDE, TIME, Engine
 from onceflow_compute.engine.run import run_job, transform_rows
 from onceflow_compute.fingerprint import describe, fingerprint
 from onceflow_compute.frames import Frame, build_frame
-from onceflow_compute.map.eventtime import EventTimeGate
+from onceflow_compute.map.eventtime import EventTimeGate, event_times
 from onceflow_compute.merge.partials import merge_partials
 from onceflow_compute.results import result_change, state_key
 
@@ -117,12 +117,12 @@ class MapStage:
         # Only committed input moves event time: an aborted batch is read again.
         column = getattr(self.job, "time_column", "_event_time_ms")
         if frame.table.num_rows and column in frame.table.column_names:
-            event_times = frame.table.column(column).to_pylist()
+            times = event_times(frame.table, column)
         else:
-            event_times = [e.event_time_ms for e in frame.envelopes]
+            times = [e.event_time_ms for e in frame.envelopes]
         # Only each partition's newest time matters to the tracker: one observation per partition.
         newest: dict[int, int] = {}
-        for record, t in zip(frame.records, event_times, strict=True):
+        for record, t in zip(frame.records, times, strict=True):
             if t is None:
                 continue
             partition = partition_of(record)

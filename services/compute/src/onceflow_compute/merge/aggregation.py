@@ -51,14 +51,16 @@ class MergeStage(MergeHop):
                 batch.rollback_to(savepoint)
                 batch.dead_letter(record, exc)
         changes = 0
-        for (_partition, key), (old_row, new_row) in rows.items():
-            if old_row == new_row:
+        for (_partition, key), (old_computed, new_computed) in rows.items():
+            before, after = job.shown(old_computed), job.shown(new_computed)  # HAVING: rows the table holds
+            if before == after:
                 continue
-            if old_row is not None:
-                self.emit_change(batch, key, ResultChange.RETRACT, old_row)
+            if before is not None:
+                self.emit_change(batch, key, ResultChange.RETRACT, before)
                 changes += 1
-            self.emit_change(batch, key, ResultChange.UPSERT, new_row)
-            changes += 1
+            if after is not None:
+                self.emit_change(batch, key, ResultChange.UPSERT, after)
+                changes += 1
         self.count_after_commit(batch, changes)
 
     def _decode(self, batch: Batch[MemoryStore], record: Message) -> tuple[str, list[JSONValue]]:

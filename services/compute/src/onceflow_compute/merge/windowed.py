@@ -37,11 +37,13 @@ def windowed_engine(job: Aggregation) -> WindowedAggregation:
 
 
 def firing_changes(job: Aggregation, firing: Firing) -> list[tuple[str, ResultChange.Op, dict[str, JSONValue]]]:
-    """A firing as result changes: (result key, op, row), retractions first."""
+    """A firing as result changes: (result key, op, row), retractions first. Rows the job's
+    ``having`` leaves out of the table were never upserted, so they are not retracted either."""
     changes: list[tuple[str, ResultChange.Op, dict[str, JSONValue]]] = [
-        (job.result_key(firing.key, window), ResultChange.RETRACT, row) for window, row in firing.retractions
+        (job.result_key(firing.key, window), ResultChange.RETRACT, row) for window, row in firing.retractions if job.shown(row)
     ]
-    changes.append((job.result_key(firing.key, firing.window, firing.index), ResultChange.UPSERT, firing.row))
+    if job.shown(firing.row):
+        changes.append((job.result_key(firing.key, firing.window, firing.index), ResultChange.UPSERT, firing.row))
     return changes
 
 

@@ -4,8 +4,10 @@ reference answer the streaming job's table must equal (docs/sql.md#batch-mode).
 The input is read as the job reads it (the same Arrow parser and schema: a record streaming
 would dead-letter is dropped here too), registered as the table's view, and queried. Two
 differences from SQL's own table, which the streaming table also has: a group whose key is NULL
-is left out, and the key is its string form. A transform's rows, which SQL does not key, are
-numbered in their JSON order."""
+is left out, and the key is its string form (a GROUP BY of several expressions: each its string
+form, keyed by their JSON array). A windowed row's window is in epoch milliseconds and its key
+ends with ``@start-end``. A transform's rows, which SQL does not key, are numbered in their JSON
+order."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from onceflow_compute.batch.read import read_input
 from onceflow_compute.batch.run import BatchResult
 from onceflow_compute.engine.run import JobFailed, describe
 from onceflow_compute.sql.job import SqlJob, load
+from onceflow_compute.sql.plan import COMPOSITE_KEY, WINDOW_COLUMNS
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -30,21 +33,35 @@ def reference_table(sql_job: SqlJob, session: SparkSession, table: pa.Table) -> 
     """The query's answer over ``table`` (payload + metadata columns, as read)."""
     from pyspark.sql import functions as F
 
-    declared = sql_job.plan.table
+    plan = sql_job.plan
+    declared = plan.table
     view = declared.name
-    session.createDataFrame(table.select(declared.schema.names)).createOrReplaceTempView(view)
+    declared.with_computed(session.createDataFrame(table.select(declared.schema.names))).createOrReplaceTempView(view)
     try:
         answer = session.sql(sql_job.query)
-        if sql_job.updating:
-            key = sql_job.plan.key
-            answer = answer.where(F.col(f"`{key}`").isNotNull()).withColumn(key, F.col(f"`{key}`").cast("string"))
+        if sql_job.keyed:
+            for part in plan.keys:
+                answer = answer.withColumn(part.name, F.col(f"`{part.name}`").cast("string"))
+            if len(plan.keys) == 1:
+                answer = answer.where(F.col(f"`{plan.key}`").isNotNull())
+            else:
+                answer = answer.withColumn(COMPOSITE_KEY, F.to_json(F.array(*[F.col(f"`{p.name}`") for p in plan.keys])))
+        if plan.window is not None:
+            for column in WINDOW_COLUMNS.values():
+                answer = answer.withColumn(column, F.unix_millis(F.col(column)))
         rows = [_json(row) for row in answer.toArrow().to_pylist()]
     except Exception as exc:  # noqa: BLE001 - Spark's errors, reported as the job's failure
         raise JobFailed(f"job {sql_job.name}: {describe(exc)}") from None
     finally:
         session.catalog.dropTempView(view)
-    if sql_job.updating:
-        return {str(row[sql_job.plan.key]): row for row in rows}
+    if sql_job.keyed:
+        keyed = {}
+        for row in rows:
+            key = str(row.pop(COMPOSITE_KEY)) if len(plan.keys) != 1 else str(row[plan.key])
+            if plan.window is not None:
+                key = f"{key}@{row['window_start']}-{row['window_end']}"
+            keyed[key] = row
+        return keyed
     rows.sort(key=lambda row: json.dumps(row, sort_keys=True))
     width = len(str(len(rows)))
     return {str(number).zfill(width): row for number, row in enumerate(rows, 1)}

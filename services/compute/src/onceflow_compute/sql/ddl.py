@@ -5,12 +5,17 @@ strict parser whose errors give the line and column.
       product STRING NOT NULL, quantity BIGINT, ts TIMESTAMP(3),
       WATERMARK FOR ts AS ts - INTERVAL '5' SECOND
     ) WITH ('stream' = 'orders')
+
+A computed column (``name AS expression``, Flink's form) is a Spark SQL expression over the
+declared ones, computed on each micro-batch before the query: ``ts AS timestamp_millis(date_time)``
+gives a payload of epoch milliseconds an event-time column to window and watermark on.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 
@@ -27,6 +32,9 @@ TYPES: dict[str, pa.DataType] = {
     # ISO 8601 text in the payload ("2026-11-28T12:00:00.250"); Arrow's JSON reader takes no numbers here.
     "TIMESTAMP": pa.timestamp("ms"),
 }
+# The one computed event time the map hop can read without Spark: epoch milliseconds of a column.
+MILLIS_COLUMN = re.compile(r"timestamp_millis\(\s*(?:`([^`]+)`|([A-Za-z_][A-Za-z0-9_]*))\s*\)", re.IGNORECASE)
+INTEGER_TYPES = (pa.int64(), pa.int32(), pa.int16(), pa.int8())
 UNITS_MS = {"MILLISECOND": 1, "SECOND": 1000, "MINUTE": 60_000, "HOUR": 3_600_000, "DAY": 86_400_000}
 OPTIONS = {"stream"}
 
@@ -40,19 +48,44 @@ class Column:
 
 
 @dataclass(frozen=True)
+class Computed:
+    name: str
+    sql: str  # a Spark SQL expression over the table's columns
+
+
+@dataclass(frozen=True)
 class Table:
     name: str
     columns: tuple[Column, ...]
     stream: str = streams.DEFAULT
     watermark_column: str | None = None
     watermark_delay_ms: int = 0
+    computed: tuple[Computed, ...] = ()
+
+    @property
+    def event_time_source(self) -> str | None:
+        """The payload column the map hop reads event time (ms) from, before the query runs: the
+        watermark's TIMESTAMP column, or the BIGINT column of ``ts AS timestamp_millis(c)``."""
+        if self.watermark_column is None:
+            return None
+        computed = {c.name.lower(): c for c in self.computed}.get(self.watermark_column.lower())
+        if computed is None:
+            return self.watermark_column
+        match = MILLIS_COLUMN.fullmatch(computed.sql)
+        return match.group(1) or match.group(2) if match else None
+
+    def with_computed(self, frame: Any) -> Any:
+        """``frame`` (a Spark DataFrame of the declared columns) with the computed ones."""
+        if not self.computed:
+            return frame
+        return frame.selectExpr("*", *[f"{c.sql} AS `{c.name}`" for c in self.computed])
 
     @property
     def schema(self) -> pa.Schema:
         return pa.schema([pa.field(c.name, c.arrow, nullable=c.nullable) for c in self.columns])
 
 
-TOKEN = re.compile(r"\s+|(?P<word>[A-Za-z_][A-Za-z0-9_]*)|`(?P<quoted>[^`]+)`|'(?P<string>(?:[^']|'')*)'|(?P<number>\d+)|(?P<punct>[(),=\-;])")
+TOKEN = re.compile(r"\s+|(?P<word>[A-Za-z_][A-Za-z0-9_]*)|`(?P<quoted>[^`]+)`|'(?P<string>(?:[^']|'')*)'|(?P<number>\d+)|(?P<punct>[(),=\-;])|(?P<other>\S)")
 
 
 class _Tokens:
@@ -79,6 +112,13 @@ class _Tokens:
     def peek(self, word: str) -> bool:
         kind, value, _ = self.items[self.i]
         return (kind == "word" and value.upper() == word) or (kind == "punct" and value == word)
+
+    def next_is(self, word: str) -> bool:
+        """The token after the current one is ``word`` (``name AS ...``: a computed column)."""
+        if self.i + 1 >= len(self.items):
+            return False
+        kind, value, _ = self.items[self.i + 1]
+        return kind == "word" and value.upper() == word
 
     def take(self, word: str) -> None:
         if not self.peek(word):
@@ -114,12 +154,15 @@ def parse_table(source: str, start: int, text: str) -> Table:
     name = tokens.name()
     tokens.take("(")
     columns: list[Column] = []
+    computed: list[Computed] = []
     watermark: tuple[str, int, int] | None = None  # column, delay, offset of the clause
     while True:
         if tokens.peek("WATERMARK"):
             if watermark is not None:
                 tokens.fail("a second WATERMARK")
             watermark = _watermark(tokens)
+        elif tokens.next_is("AS"):
+            computed.append(_computed(tokens, text, start))
         else:
             columns.append(_column(tokens))
         if tokens.peek(","):
@@ -130,23 +173,33 @@ def parse_table(source: str, start: int, text: str) -> Table:
     options = _options(tokens) if tokens.peek("WITH") else {}
     if tokens.items[tokens.i][0] != "end":
         tokens.fail("expected the end of CREATE TABLE")
-    names = [c.name.lower() for c in columns]
-    for i, column in enumerate(columns):
-        if column.name.lower() in names[:i]:
-            tokens.fail_at(start, f"table {name}: column {column.name} is declared twice")
-        if column.name in METADATA_COLUMNS.names:
-            tokens.fail_at(start, f"table {name}: {column.name} is a reserved metadata column name")
-    table = Table(name, tuple(columns), options.get("stream", streams.DEFAULT))
+    all_names = [c.name for c in columns] + [c.name for c in computed]
+    names = [n.lower() for n in all_names]
+    for i, column_name in enumerate(all_names):
+        if column_name.lower() in names[:i]:
+            tokens.fail_at(start, f"table {name}: column {column_name} is declared twice")
+        if column_name in METADATA_COLUMNS.names:
+            tokens.fail_at(start, f"table {name}: {column_name} is a reserved metadata column name")
+    table = Table(name, tuple(columns), options.get("stream", streams.DEFAULT), computed=tuple(computed))
     if watermark is None:
         return table
     column_name, delay, offset = watermark
     declared = {c.name.lower(): c for c in columns}.get(column_name.lower())
-    if declared is None:
+    derived = {c.name.lower(): c for c in computed}.get(column_name.lower())
+    if declared is None and derived is None:
         tokens.fail_at(offset, f"WATERMARK FOR {column_name}: table {name} has no column {column_name}")
-    elif declared.arrow != pa.timestamp("ms"):
+    elif declared is not None and declared.arrow != pa.timestamp("ms"):
         tokens.fail_at(offset, f"WATERMARK FOR {column_name}: a watermark needs a TIMESTAMP column, {column_name} is {declared.sql_type}")
-    assert declared is not None
-    return Table(name, tuple(columns), table.stream, declared.name, delay)
+    if derived is not None:
+        # The map hop decides lateness per record before the query runs, from the payload.
+        match = MILLIS_COLUMN.fullmatch(derived.sql)
+        millis_of = (match.group(1) or match.group(2)).lower() if match else ""
+        millis_column = {c.name.lower(): c for c in columns}.get(millis_of)
+        if millis_column is None or millis_column.arrow not in INTEGER_TYPES:
+            tokens.fail_at(offset, f"WATERMARK FOR {column_name}: a computed event time is timestamp_millis(c) of an integer "
+                                   f"column c of the table (epoch milliseconds), not {derived.sql}; or declare a TIMESTAMP column")
+    event_time = declared.name if declared is not None else derived.name  # type: ignore[union-attr]
+    return Table(name, tuple(columns), table.stream, event_time, delay, tuple(computed))
 
 
 def _column(tokens: _Tokens) -> Column:
@@ -169,6 +222,25 @@ def _column(tokens: _Tokens) -> Column:
         tokens.take("NULL")
         nullable = False
     return Column(name, declared, TYPES[word.upper()], nullable)
+
+
+def _computed(tokens: _Tokens, text: str, start: int) -> Computed:
+    """``name AS expression``: the expression's text up to the next comma or parenthesis that
+    closes the column list (Spark parses it when the query is analysed)."""
+    name = tokens.name()
+    tokens.take("AS")
+    first = tokens.i
+    depth = 0
+    while True:
+        kind, value, _ = tokens.items[tokens.i]
+        if kind == "end" or (depth == 0 and kind == "punct" and value in ",)"):
+            break
+        depth += {"(": 1, ")": -1}.get(value, 0) if kind == "punct" else 0
+        tokens.i += 1
+    if tokens.i == first:
+        tokens.fail(f"computed column {name}: expected an expression")
+    begin, end = tokens.items[first][2], tokens.items[tokens.i][2]
+    return Computed(name, text[begin - start : end - start].strip())
 
 
 def _watermark(tokens: _Tokens) -> tuple[str, int, int]:

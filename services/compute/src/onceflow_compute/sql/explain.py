@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from onceflow_compute.api import Aggregation, Combine, Transform
-from onceflow_compute.sql.job import RECORD_ID, SqlJob, row_level
+from onceflow_compute.sql.job import RECORD_ID, SqlJob, row_filter, row_level
+from onceflow_compute.sql.plan import COMPOSITE_KEY
 
 
 def explain(sql_job: SqlJob) -> str:
@@ -12,13 +13,14 @@ def explain(sql_job: SqlJob) -> str:
     lines = [f"job {sql_job.name}: {job.kind} (an onceflow_compute.api.{type(job).__name__})"]
     columns = ", ".join(f"{c.name} {c.sql_type}{'' if c.nullable else ' NOT NULL'}" for c in table.columns)
     lines.append(f"reads table {table.name} ({columns}) from stream {table.stream}")
+    for computed in table.computed:
+        lines.append(f"  computed column {computed.name} AS {computed.sql}")
     if table.watermark_column:
-        lines.append(
-            f"  event time: {table.watermark_column}, watermark {table.watermark_delay_ms} ms behind "
-            "(declared; used once windows are supported)"
-        )
+        used = "a window's allowed lateness" if plan.window is not None else "unused: the query has no window"
+        lines.append(f"  event time: {table.watermark_column}, watermark {table.watermark_delay_ms} ms behind ({used})")
     lines.append("map hop (Spark, each micro-batch, row by row):")
-    lines.append(f"  WHERE  {plan.filter}" if plan.filter else "  WHERE  (none: every row)")
+    condition = row_filter(plan)
+    lines.append(f"  WHERE  {condition}" if condition else "  WHERE  (none: every row)")
     for column in row_level(plan):
         lines.append(f"  SELECT {column}")
     if isinstance(job, Transform):
@@ -28,15 +30,32 @@ def explain(sql_job: SqlJob) -> str:
             "result table: append-only (each row an upsert of a new key; no retractions)",
         ]
     elif isinstance(job, Aggregation):
-        lines.append(f"key: {plan.key} = {plan.key_sql} (results keyed by its string form; rows whose key is NULL are dropped)")
+        if plan.key != COMPOSITE_KEY:
+            lines.append(f"key: {plan.key} = {plan.key_sql} (results keyed by its string form; rows whose key is NULL are dropped)")
+        elif plan.keys:
+            parts = ", ".join(f"{k.name} = {k.sql}" for k in plan.keys)
+            lines.append(f"key: {parts} (results keyed by the JSON array of their string forms; each a column of the row)")
+        else:
+            lines.append("key: none (one row per window, keyed [])")
+        if plan.window is not None:
+            window = plan.window
+            lines.append(f"window: {window.window_fn.describe()} over {window.column}; rows keyed key@start-end, with window_start "
+                         f"and window_end in epoch ms")
+            lines.append(f"  fires when the watermark passes a window's end; late records within {table.watermark_delay_ms} ms "
+                         "(the WATERMARK's delay) refine it, later ones go to compute.late")
         lines.append("aggregates (each a combiner: a partial per key per micro-batch, merged in the merge hop):")
-        for spec, aggregate in zip(plan.aggregates, job.aggregates, strict=True):
+        for spec, aggregate in zip(plan.aggregates, job.aggregates[len(job.aggregates) - len(plan.aggregates):], strict=True):
             combiner = type(aggregate.combiner).__name__ if isinstance(aggregate, Combine) else type(aggregate).__name__
             lines.append(f"  {spec.name} = {spec.sql}  ->  {combiner}  ({_state(spec.function)})")
-        lines += [
-            f"merge hop state, per key: [{', '.join(_state(s.function) for s in plan.aggregates)}] in the changelog",
-            "result table: updating (an upsert per changed key; the key's old row is retracted first)",
-        ]
+        if plan.having_sql is not None:
+            lines.append(f"HAVING {plan.having_sql}: evaluated in the merge hop on each row it would emit; a row that stops "
+                         "passing is retracted, one that starts passing is upserted")
+        per = "per key and window" if plan.window is not None else "per key"
+        lines.append(f"merge hop state, {per}: [{', '.join(_state(s.function) for s in plan.aggregates)}] in the changelog")
+        if sql_job.updating:
+            lines.append("result table: updating (an upsert per changed row; its old row is retracted first)")
+        else:
+            lines.append("result table: append-only (each window's row fires once, when the watermark passes its end; no retractions)")
     lines += [f"warning: {warning}" for warning in plan.warnings]
     return "\n".join(lines)
 

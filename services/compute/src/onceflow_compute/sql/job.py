@@ -50,11 +50,26 @@ class SqlJob:
 
     @property
     def updating(self) -> bool:
+        """Rows change after they are written (retracted first). A window without allowed
+        lateness fires each row once, on time: append-only."""
+        if self.plan.kind != "aggregation":
+            return False
+        if self.plan.having is not None:  # a row stops passing: retracted
+            return True
+        return self.plan.window is None or self.plan.table.watermark_delay_ms > 0 or self.plan.window.function == "session_window"
+
+    @property
+    def keyed(self) -> bool:
+        """Results keyed by the GROUP BY (else by record: a transform)."""
         return self.plan.kind == "aggregation"
 
 
 def argument_column(index: int) -> str:
     return f"__sql_arg{index}"
+
+
+def part_column(index: int) -> str:
+    return f"__sql_part{index}"
 
 
 def _quoted(name: str) -> str:
@@ -88,15 +103,38 @@ def row_level(plan: Plan) -> list[str]:
         for i, spec in enumerate(plan.aggregates)
         if not (spec.function == "COUNT" and spec.argument is None)
     ]
-    return [f"{plan.key_sql} AS {_quoted(plan.key)}", *arguments]
+    # A composite key's parts ride along as columns of the row (their string forms, as a single key's).
+    parts = [f"CAST({part.sql} AS STRING) AS {part_column(i)}" for i, part in enumerate(plan.keys)] if len(plan.keys) != 1 else []
+    # The windowed Aggregation's time column, as epoch ms: the payload column the map hop read it from.
+    time = [f"unix_millis({_event_time(plan)}) AS {_quoted(time_column(plan))}"] if plan.window is not None else []
+    return [f"{plan.key_sql} AS {_quoted(plan.key)}", *parts, *arguments, *time]
+
+
+def time_column(plan: Plan) -> str:
+    source = plan.table.event_time_source
+    assert source is not None  # a window is over the table's watermark column (plan.py)
+    return source
+
+
+def _event_time(plan: Plan) -> str:
+    assert plan.window is not None
+    return f"{_quoted(plan.alias)}.{_quoted(plan.window.column)}"
+
+
+def row_filter(plan: Plan) -> str | None:
+    """The WHERE run on each micro-batch: the query's, and for a window a time (as Spark's window() does)."""
+    conditions = [c for c in (plan.filter, f"{_event_time(plan)} IS NOT NULL" if plan.window is not None else None) if c]
+    if len(conditions) < 2:
+        return conditions[0] if conditions else None
+    return " AND ".join(f"({c})" for c in conditions)
 
 
 def micro_batch(plan: Plan) -> Any:
     """DataFrame -> DataFrame: the query's row-level part, over a batch of the table's rows."""
-    columns, condition, alias = row_level(plan), plan.filter, plan.alias
+    columns, condition, alias, table = row_level(plan), row_filter(plan), plan.alias, plan.table
 
     def run(frame: DataFrame) -> DataFrame:
-        rows = frame.alias(alias)
+        rows: DataFrame = table.with_computed(frame).alias(alias)
         if condition is not None:
             rows = rows.where(condition)
         return rows.selectExpr(*columns)
@@ -109,11 +147,17 @@ def build_job(name: str, plan: Plan) -> Job:
     doc = f"SQL over {table.name}"
     if plan.kind == "transform":
         return Transform(name=name, schema=table.schema, key=RECORD_ID, transform=micro_batch(plan), doc=doc, stream=table.stream)
-    # Arguments are numbered by their aggregate's position; COUNT(*) has none.
-    aggregates = tuple(_aggregate(i, spec) for i, spec in enumerate(plan.aggregates))
+    # Arguments are numbered by their aggregate's position; COUNT(*) has none. A composite key's
+    # parts are the same in every row of a group: MIN is any of them.
+    parts = tuple(Min(part_column(i), name=part.name) for i, part in enumerate(plan.keys)) if len(plan.keys) != 1 else ()
+    aggregates = parts + tuple(_aggregate(i, spec) for i, spec in enumerate(plan.aggregates))
+    windowing: dict[str, Any] = {}
+    if plan.window is not None:
+        # The table's watermark delay is how late a record may be and still refine its window.
+        windowing = {"window": plan.window.window_fn, "time_column": time_column(plan), "allowed_lateness_ms": table.watermark_delay_ms}
     try:
         return Aggregation(name=name, schema=table.schema, key=plan.key, aggregates=aggregates, prepare=micro_batch(plan), doc=doc,
-                           stream=table.stream)
+                           stream=table.stream, show_key=len(plan.keys) == 1, having=plan.having, **windowing)
     except ValueError as exc:
         raise SqlError(str(exc)) from None
 

@@ -1,11 +1,16 @@
 """The query through Spark's own parser and analyser, read back as what onceflow runs.
 
 Each declared table is an empty DataFrame of its schema, registered as a temp view; the query is
-``spark.sql``'d against them and its analysed logical plan is walked through py4j. Only two
-shapes map today, each over one table:
+``spark.sql``'d against them and its analysed logical plan is walked through py4j. Two shapes
+map today, each over one table:
 
     Project [Filter] relation     -> a Transform (stateless; append-only)
-    Aggregate [Filter] relation   -> an Aggregation (one key; an updating table)
+    Aggregate [Filter] relation   -> an Aggregation (keyed by the GROUP BY; an updating table)
+
+A ``window(ts, ...)`` or ``session_window(ts, ...)`` in the GROUP BY is read from the parsed plan
+(its arguments as written) and becomes the Aggregation's window: the node Spark's analyser adds
+to compute it (a Project, or an Expand for hopping windows, with its IS NOT NULL filter) is not
+the query's own and is left out of the shape.
 
 Everything else is refused naming the construct. The row-level parts (the filter, the key,
 the aggregates' arguments, the projection) are kept as the analyser's own SQL text of each
@@ -15,12 +20,15 @@ expression (``Expression.sql()``), which the job runs with ``selectExpr`` on eac
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from onceflow_compute.dataflow.windows import Hopping, Sessions, Tumbling, WindowFn
 from onceflow_compute.sql.ddl import Table
+from onceflow_compute.sql.having import compile_having
 from onceflow_compute.sql.text import SqlError, blank
 
 if TYPE_CHECKING:
@@ -50,7 +58,14 @@ CLOCK_FUNCTIONS = {"current_timestamp", "now", "current_date", "curdate", "local
 AGGREGATES = {"Count": "COUNT", "Sum": "SUM", "Min": "MIN", "Max": "MAX", "Average": "AVG"}
 # Result columns must be JSON values (docs/jobs.md#result-rows-are-json).
 JSON_TYPES = {"string", "boolean", "tinyint", "smallint", "int", "bigint", "float", "double"}
-WINDOW_CALL = re.compile(r"\b(TUMBLE|HOP|SESSION|CUMULATE|window|session_window|window_time)\s*\(", re.IGNORECASE)
+# Flink's window table functions: Spark's parser has no TABLE(...) in FROM; its window() is the form.
+WINDOW_TVF = re.compile(r"\b(TUMBLE|HOP|SESSION|CUMULATE)\s*\(\s*TABLE\b", re.IGNORECASE)
+WINDOW_FUNCTIONS = {"window", "session_window"}
+WINDOW_COLUMNS = {"start": "window_start", "end": "window_end"}
+# A multi-part (or empty) GROUP BY is one key column: the JSON array of the parts' string forms.
+COMPOSITE_KEY = "__sql_key"
+DURATION = re.compile(r"(\d+)\s*(millisecond|second|minute|hour|day|week)s?", re.IGNORECASE)
+DURATION_MS = {"millisecond": 1, "second": 1000, "minute": 60_000, "hour": 3_600_000, "day": 86_400_000, "week": 604_800_000}
 
 
 @dataclass(frozen=True)
@@ -62,16 +77,54 @@ class AggregateSpec:
 
 
 @dataclass(frozen=True)
+class KeyPart:
+    name: str  # the result column
+    sql: str  # the analyser's SQL of the GROUP BY expression
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    """A GROUP BY window as written: ``window(ts, size[, slide[, start]])`` or ``session_window(ts, gap)``."""
+
+    function: str  # window or session_window
+    column: str  # the event-time column
+    size_ms: int = 0  # window: its length; session_window: the gap
+    slide_ms: int = 0
+    offset_ms: int = 0
+
+    @property
+    def window_fn(self) -> WindowFn:
+        if self.function == "session_window":
+            return Sessions(self.size_ms, merge_touching=True)  # as Spark's session_window
+        if self.slide_ms and self.slide_ms != self.size_ms:
+            return Hopping(self.size_ms, self.slide_ms, self.offset_ms)
+        return Tumbling(self.size_ms, self.offset_ms)
+
+
+@dataclass(frozen=True)
 class Plan:
     table: Table
     alias: str  # the relation's name in the expressions' SQL (the table's or its alias)
     kind: str  # "transform" or "aggregation"
     filter: str | None
     projections: tuple[tuple[str, str], ...] = ()  # transform: (name, SQL)
-    key: str = ""  # aggregation: the key's result column
-    key_sql: str = ""
+    keys: tuple[KeyPart, ...] = ()  # aggregation: the GROUP BY's expressions, the window's left out
     aggregates: tuple[AggregateSpec, ...] = ()
+    window: WindowSpec | None = None
     warnings: tuple[str, ...] = field(default=())
+    having: Callable[[dict[str, Any]], bool] | None = None  # the result rows kept
+    having_sql: str | None = None
+
+    @property
+    def key(self) -> str:
+        """The Aggregation's key column: the one GROUP BY expression's, else the composite."""
+        return self.keys[0].name if len(self.keys) == 1 else COMPOSITE_KEY
+
+    @property
+    def key_sql(self) -> str:
+        if len(self.keys) == 1:
+            return self.keys[0].sql
+        return "to_json(array(" + ", ".join(f"CAST({k.sql} AS STRING)" for k in self.keys) + "))"
 
 
 def empty_frame(session: SparkSession, schema: pa.Schema) -> Any:
@@ -80,22 +133,39 @@ def empty_frame(session: SparkSession, schema: pa.Schema) -> Any:
     return session.createDataFrame(schema.empty_table())
 
 
+def table_view(session: SparkSession, table: Table) -> Any:
+    """The table as the query sees it: its declared columns and its computed ones."""
+    try:
+        return table.with_computed(empty_frame(session, table.schema))
+    except Exception as exc:  # noqa: BLE001 - Spark's ParseException and AnalysisException
+        raise SqlError(f"table {table.name}: a computed column: {spark_error(exc)}") from None
+
+
 def analyse(session: SparkSession, tables: dict[str, Table], query: str) -> Plan:
     """``query`` (padded to its place in the file, so Spark's positions are the file's) analysed
     against ``tables``; SqlError naming what is refused."""
-    _refuse_windows(query)
-    for table in tables.values():
-        empty_frame(session, table.schema).createOrReplaceTempView(table.name)
+    _refuse_window_tvfs(query)
     try:
+        for table in tables.values():
+            table_view(session, table).createOrReplaceTempView(table.name)
+        window = _window_spec(_parsed(session, query))  # before the analyser, whose errors about a bad window are obscure
         try:
             # The JVM Dataset: pyspark has no public accessor for the analysed plan (classic Spark only).
             plan = getattr(session.sql(query), "_jdf").queryExecution().analyzed()
         except Exception as exc:  # noqa: BLE001 - Spark's ParseException and AnalysisException
             raise SqlError(spark_error(exc)) from None
-        return _map(plan, tables)
+        return _map(plan, tables, window)
     finally:
         for table in tables.values():
             session.catalog.dropTempView(table.name)
+
+
+def _parsed(session: SparkSession, query: str) -> Any:
+    """The parsed, unresolved plan (Spark's own parser, as spark.sql uses it)."""
+    try:
+        return getattr(session, "_jsparkSession").sessionState().sqlParser().parsePlan(query)
+    except Exception as exc:  # noqa: BLE001 - Spark's ParseException
+        raise SqlError(spark_error(exc)) from None
 
 
 def spark_error(exc: BaseException) -> str:
@@ -112,15 +182,72 @@ def spark_error(exc: BaseException) -> str:
     return f"line {line}, column {int(pos) + 1}: {kind}: {first}"
 
 
-def _refuse_windows(query: str) -> None:
-    match = WINDOW_CALL.search(blank(query))
+def _refuse_window_tvfs(query: str) -> None:
+    match = WINDOW_TVF.search(blank(query))
     if match:
         line = query.count("\n", 0, match.start()) + 1
         column = match.start() - (query.rfind("\n", 0, match.start()) + 1) + 1
         raise SqlError(
-            f"line {line}, column {column}: windows ({match.group(1).upper()}) are not yet supported in SQL (issue 41); "
-            "the Python API's window= (Tumbling, Hopping, Sessions) runs them today"
+            f"line {line}, column {column}: window table functions ({match.group(1).upper()}(TABLE ...)) are not "
+            "supported: GROUP BY window(ts, '10 seconds'[, slide]) or session_window(ts, gap), and SELECT "
+            "window.start AS window_start, window.end AS window_end"
         )
+
+
+def _window_spec(parsed: Any) -> WindowSpec | None:
+    """The one window()/session_window() call of the parsed query, with its arguments as written."""
+    calls: dict[str, Any] = {}
+    stack = list(_all_expressions(parsed))
+    while stack:
+        node = stack.pop()
+        if node.nodeName() == "UnresolvedFunction" and node.nameParts().last().lower() in WINDOW_FUNCTIONS:
+            calls[node.toString().replace("'", "")] = node
+        stack.extend(_children(node))
+    if not calls:
+        return None
+    if len(calls) > 1:
+        raise SqlError(f"one window per query: this one has {len(calls)} ({', '.join(sorted(calls))})")
+    call = next(iter(calls.values()))
+    function = call.nameParts().last().lower()
+    arguments = _seq(call.arguments())
+    if call.isDistinct() or (function == "window" and not 2 <= len(arguments) <= 4) or (function == "session_window" and len(arguments) != 2):
+        raise SqlError(f"{function}(...) takes (time column, {'size[, slide[, start]]' if function == 'window' else 'gap'})")
+    column = arguments[0]
+    if column.nodeName() != "UnresolvedAttribute":
+        raise SqlError(f"{function}(...): the first argument is the table's event-time column (its WATERMARK column), "
+                       f"not an expression ({column.toString().lstrip(chr(39))}): declare it as a computed column")
+    durations = [_duration(function, a) for a in arguments[1:]]
+    if function == "session_window":
+        return WindowSpec(function, column.nameParts().last(), durations[0])
+    size = durations[0]
+    slide = durations[1] if len(durations) > 1 else size
+    offset = durations[2] if len(durations) > 2 else 0
+    if not 0 < slide <= size:
+        raise SqlError(f"window(...): the slide ({slide} ms) must be more than 0 and at most the size ({size} ms)")
+    return WindowSpec(function, column.nameParts().last(), size, slide, offset)
+
+
+def _all_expressions(plan: Any) -> list[Any]:
+    out, nodes = [], [plan]
+    while nodes:
+        node = nodes.pop()
+        out.extend(_seq(node.expressions()))
+        nodes.extend(_children(node))
+    return out
+
+
+def _duration(function: str, literal: Any) -> int:
+    """A window duration in ms: '10 seconds', '1 minute 30 seconds' (no months: their length varies)."""
+    text = literal.value().toString() if literal.nodeName() == "Literal" and literal.value() is not None else None
+    if text is None:
+        raise SqlError(f"{function}(...): durations are string literals such as '10 seconds'")
+    rest, total = text.strip(), 0
+    for match in DURATION.finditer(text):
+        total += int(match.group(1)) * DURATION_MS[match.group(2).lower()]
+        rest = rest.replace(match.group(0), "", 1)
+    if rest.strip() or total <= 0:
+        raise SqlError(f"{function}(...): duration {text!r}: whole milliseconds, seconds, minutes, hours, days or weeks")
+    return total
 
 
 def _children(node: Any) -> list[Any]:
@@ -132,14 +259,16 @@ def _seq(seq: Any) -> list[Any]:
     return [seq.apply(i) for i in range(seq.size())]
 
 
-def _map(plan: Any, tables: dict[str, Table]) -> Plan:
+def _map(plan: Any, tables: dict[str, Table], window: WindowSpec | None) -> Plan:
     nodes, node = [], plan
-    while True:  # the plan's spine (joins and unions have two children: refused below)
+    while node.nodeName() != "View":  # the plan's spine (joins and unions have two children: refused below)
         nodes.append(node)
         children = _children(node)
         if len(children) != 1:
             break
         node = children[0]
+    if window is not None:
+        nodes = _without_windowing(nodes, window)
     for each in nodes:
         reason = REFUSED_NODES.get(each.nodeName())
         if reason:
@@ -148,10 +277,14 @@ def _map(plan: Any, tables: dict[str, Table]) -> Plan:
         for expression in _seq(each.expressions()):
             _check_replayable(expression)
     names = [n.nodeName() for n in nodes]
+    having = None
+    if names[:2] == ["Filter", "Aggregate"]:  # HAVING over the aggregates the SELECT names
+        having, nodes, names = nodes[0].condition(), nodes[1:], names[1:]
     if names.count("Aggregate") > 1 or ("Aggregate" in names and names[0] != "Aggregate"):
         above = names[: names.index("Aggregate")]
         if "Filter" in above:
-            raise SqlError("HAVING is not yet supported in SQL (issue 41): filter the result table when you read it")
+            raise SqlError("HAVING reads an aggregate the SELECT does not name: SELECT it too (HAVING filters the result "
+                           "table's rows, so what it reads must be a column of them)")
         raise SqlError("an expression over aggregates or a subquery is not yet supported: SELECT the aggregates themselves")
     top = nodes[0]
     rest = nodes[1:]
@@ -160,19 +293,48 @@ def _map(plan: Any, tables: dict[str, Table]) -> Plan:
         condition = rest[0].condition()
         rest = rest[1:]
     aliases = [n.alias() for n in rest if n.nodeName() == "SubqueryAlias"]
-    if not rest or not aliases or any(n.nodeName() not in ("SubqueryAlias", "View") for n in rest[:-1]):
+    if not rest or not aliases or any(n.nodeName() != "SubqueryAlias" for n in rest):
         shape = " <- ".join(names)
-        raise SqlError(f"only SELECT ... FROM one table [WHERE ...] [GROUP BY one key] is supported today; this query is {shape}")
+        raise SqlError(f"only SELECT ... FROM one table [WHERE ...] [GROUP BY ...] is supported today; this query is {shape}")
     declared = {name.lower(): t for name, t in tables.items()}
     table = next((declared[a.lower()] for a in reversed(aliases) if a.lower() in declared), None)
     if table is None:
         raise SqlError(f"the query reads none of the declared tables ({', '.join(tables)})")
     where = None if condition is None else condition.sql()
+    if window is not None:
+        if top.nodeName() != "Aggregate":
+            raise SqlError(f"{window.function}(...) belongs in a GROUP BY")
+        if table.watermark_column is None or window.column.lower() != table.watermark_column.lower():
+            event_time = f"its event-time column is {table.watermark_column}" if table.watermark_column else "it declares no WATERMARK"
+            raise SqlError(f"{window.function}({window.column}, ...): a window is over the table's event-time column; "
+                           f"table {table.name}: {event_time}")
     if top.nodeName() == "Project":
         return Plan(table, aliases[0], "transform", where, projections=_projections(top))
     if top.nodeName() == "Aggregate":
-        return _aggregation(top, table, aliases[0], where)
+        return _aggregation(top, table, aliases[0], where, window, having)
     raise SqlError(f"{top.nodeName()} is not supported")
+
+
+def _without_windowing(nodes: list[Any], window: WindowSpec) -> list[Any]:
+    """The spine without what the analyser added to compute the window: a Project or an Expand
+    (hopping) whose output is named window or session_window, and the filters next to it that
+    keep rows with a time (IS NOT NULL) or a time inside their window (overlapping hops)."""
+    at = next((i for i, n in enumerate(nodes) if n.nodeName() in ("Project", "Expand")
+               and any(a.name() in WINDOW_FUNCTIONS for a in _seq(n.output()))), None)
+    if at is None:
+        return nodes
+    drop = {at} | {i for i in (at - 1, at + 1) if 0 <= i < len(nodes) and _windowing_filter(nodes[i], window)}
+    return [n for i, n in enumerate(nodes) if i not in drop]
+
+
+def _windowing_filter(node: Any, window: WindowSpec) -> bool:
+    if node.nodeName() != "Filter":
+        return False
+    condition = node.condition()
+    if condition.nodeName() == "IsNotNull":
+        child = condition.child()
+        return bool(child.nodeName() == "AttributeReference" and child.name().lower() == window.column.lower())
+    return any(str(r.name()) in WINDOW_FUNCTIONS for r in _seq(condition.references().toSeq()))
 
 
 def _check_replayable(expression: Any) -> None:
@@ -225,42 +387,66 @@ def _projections(project: Any) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-def _aggregation(node: Any, table: Table, alias: str, where: str | None) -> Plan:
+def _aggregation(node: Any, table: Table, alias: str, where: str | None, window: WindowSpec | None, having: Any) -> Plan:
     grouping = _seq(node.groupingExpressions())
-    if not grouping:
+    window_attribute = None
+    if window is not None:
+        window_attribute = next((g for g in grouping if g.nodeName() == "AttributeReference" and g.name() in WINDOW_FUNCTIONS), None)
+        grouping = [g for g in grouping if g is not window_attribute]
+    if not grouping and window is None:
         raise SqlError("an aggregate without GROUP BY is not yet supported: GROUP BY a key")
-    if len(grouping) > 1:
-        listed = ", ".join(g.sql() for g in grouping)
-        raise SqlError(
-            f"GROUP BY of {len(grouping)} expressions ({listed}) is not yet supported: "
-            "group by one key, e.g. concat_ws('|', a, b) AS k"
-        )
-    key_expression = grouping[0]
-    key, aggregates = "", []
+    keys: list[KeyPart | None] = [None] * len(grouping)
+    aggregates, window_columns = [], {}
     for expression in _seq(node.aggregateExpressions()):
         name, inner = _output(expression)
-        if inner.semanticEquals(key_expression):
-            if key:
-                raise SqlError(f"the GROUP BY key is selected twice ({key}, {name})")
-            key = name
+        matched = next((i for i, g in enumerate(grouping) if inner.semanticEquals(g)), None)
+        if matched is not None:
+            if keys[matched] is not None:
+                raise SqlError(f"the GROUP BY key {grouping[matched].sql()} is selected twice ({keys[matched].name}, {name})")  # type: ignore[union-attr]
+            keys[matched] = KeyPart(name, inner.sql())  # any type: the row holds its string form
+            continue
+        if window_attribute is not None and _refers_to(inner, window_attribute):
+            window_columns[_window_column(name, inner, window_attribute)] = name
             continue
         _json_type(name, inner)
         aggregates.append(_aggregate(name, inner))
-    if not key:
-        raise SqlError(f"SELECT the GROUP BY key ({key_expression.sql()}) so that each row names its group")
+    missing = [g.sql() for g, k in zip(grouping, keys, strict=True) if k is None]
+    if missing:
+        raise SqlError(f"SELECT the GROUP BY key ({', '.join(missing)}) so that each row names its group")
+    if window is not None and set(window_columns) != set(WINDOW_COLUMNS.values()):
+        field_name = "session_window" if window.function == "session_window" else "window"
+        raise SqlError(f"a windowed query SELECTs {field_name}.start AS window_start, {field_name}.end AS window_end: "
+                       "every windowed row carries its window (as epoch milliseconds)")
     if not aggregates:
         raise SqlError("a GROUP BY without aggregates (a DISTINCT) is not yet supported: add COUNT(*)")
-    _unique([key] + [a.name for a in aggregates])
+    parts = tuple(k for k in keys if k is not None)
+    time = [table.event_time_source or ""] if window is not None else []  # the time column rides along as epoch ms
+    _unique([k.name for k in parts] + [a.name for a in aggregates] + list(window_columns.values()) + [COMPOSITE_KEY] + time)
     warnings = []
-    references = {r.name().lower() for r in _seq(key_expression.references().toSeq())}
+    references = {r.name().lower() for g in grouping for r in _seq(g.references().toSeq())}
     if table.watermark_column and table.watermark_column.lower() in references:
+        listed = ", ".join(g.sql() for g in grouping)
         warnings.append(
-            f"GROUP BY {key_expression.sql()} groups by the event time ({table.watermark_column}) without a window: "
+            f"GROUP BY {listed} groups by the event time ({table.watermark_column}) without a window: "
             "a new group per distinct time, kept forever, so the state grows without bound. Bound it with a "
-            "windowed GROUP BY (TUMBLE: not yet in SQL; the Python API's window= with allowed lateness today)"
+            f"windowed GROUP BY: GROUP BY window({table.watermark_column}, '1 minute')"
         )
-    return Plan(table, alias, "aggregation", where, key=key, key_sql=key_expression.sql(), aggregates=tuple(aggregates),
-                warnings=tuple(warnings))
+    return Plan(table, alias, "aggregation", where, keys=parts, aggregates=tuple(aggregates), window=window, warnings=tuple(warnings),
+                having=None if having is None else compile_having(having, {a.name for a in aggregates}),
+                having_sql=None if having is None else having.sql())
+
+
+def _refers_to(expression: Any, attribute: Any) -> bool:
+    return any(r.semanticEquals(attribute) for r in _seq(expression.references().toSeq()))
+
+
+def _window_column(name: str, expression: Any, window_attribute: Any) -> str:
+    """``window.start AS window_start`` (or ``.end AS window_end``): the only uses of the window."""
+    field_name = expression.extractFieldName() if expression.nodeName() == "GetStructField" else None
+    if field_name is not None and expression.child().semanticEquals(window_attribute) and WINDOW_COLUMNS.get(field_name) == name:
+        return name
+    raise SqlError(f"{name} = {expression.sql()}: the window is selected as {window_attribute.name()}.start AS window_start "
+                   f"and {window_attribute.name()}.end AS window_end, and in no other way")
 
 
 def _aggregate(name: str, expression: Any) -> AggregateSpec:
