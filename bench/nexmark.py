@@ -18,7 +18,11 @@ Per query, on a fresh topic prefix (so no query reads another's partials):
    result latency is that plus the window: not what is measured here.
 
 Spark is warmed up on the first query's backlog before anything is timed.
-Run: .venv/bin/python bench/nexmark.py [--events N] [--load 0.5] [--latency-s 20]
+
+``--sql`` runs each query's SQL twin too (``sql:nexmark_qN``, jobs/sql/, issue 41) right after
+it, in the same run, and reports the twin's throughput and p99 as ratios to the Python job's.
+
+Run: .venv/bin/python bench/nexmark.py [--events N] [--load 0.5] [--latency-s 20] [--sql]
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ from onceflow_compute.service import build
 console = Console(width=160)
 QUERIES = ["nexmark_q0", "nexmark_q1", "nexmark_q5", "nexmark_q7"]
 BASELINE = "nexmark_q0"
+# The Python jobs whose table a SQL job gives too (tests/test_dataflow.py proves it).
+SQL_TWINS = {f"nexmark_q{n}": f"sql:nexmark_q{n}" for n in (0, 1, 2, 7)}
 
 
 @dataclass
@@ -207,12 +213,15 @@ def main(
     latency_s: float = typer.Option(20.0, help="Latency phase: seconds of paced events."),
     queries: list[str] = typer.Option(QUERIES, "--query"),
     repeats: int = typer.Option(1, help="Runs of every query, interleaved."),
+    sql: bool = typer.Option(False, "--sql", help="Each query's SQL twin too, right after it; ratios to the Python job's."),
     output: Path = typer.Option(Path("bench/results/nexmark.json")),
 ) -> None:
     logging.basicConfig(level=logging.WARNING)
     stack.up(create_topics=False)
     if BASELINE not in queries:
         queries = [BASELINE, *queries]
+    twin_of = {SQL_TWINS[q]: q for q in queries if sql and q in SQL_TWINS}
+    queries = [each for q in queries for each in ([q, SQL_TWINS[q]] if q in twin_of.values() else [q])]
     with console.status("starting Spark and warming it up (q0 over a backlog)"):
         _run_query(BASELINE, min(events, 20_000), event_rate, load, 5.0)
     runs: dict[str, list[dict[str, Any]]] = {}
@@ -229,7 +238,7 @@ def main(
         return float(statistics.median(r[key] for r in runs[query]))
 
     table = Table(title=f"Nexmark on one compute worker ({events:,} events per backlog, latency at {load:.0%} of throughput)")
-    for column in ("query", "events/s", "× q0", "offered/s", "p50 ms", "p99 ms", "p99 × q0", "merge txn p99 ms"):
+    for column in ("query", "events/s", "× q0", "offered/s", "p50 ms", "p99 ms", "p99 × q0", "merge txn p99 ms", "SQL: events/s, p99 × Python"):
         table.add_column(column, justify="right")
     summary: dict[str, dict[str, float]] = {}
     for query in queries:
@@ -241,11 +250,16 @@ def main(
             "latency_p99_ms": p99,
             "p99_vs_q0": p99 / max(median(BASELINE, "latency_p99_ms"), 1e-9),
         }
+        twin = twin_of.get(query)
+        if twin is not None:
+            summary[query]["throughput_vs_python"] = throughput / median(twin, "events_per_s")
+            summary[query]["p99_vs_python"] = p99 / max(median(twin, "latency_p99_ms"), 1e-9)
         merge = [r["merge_txn_p99_ms"] for r in runs[query] if r["merge_txn_p99_ms"] is not None]
         table.add_row(
             query, f"{throughput:,.0f}", f"{summary[query]['throughput_vs_q0']:.2f}", f"{median(query, 'offered_per_s'):,.0f}",
             f"{summary[query]['latency_p50_ms']:,.0f}", f"{p99:,.0f}", f"{summary[query]['p99_vs_q0']:.2f}",
             f"{statistics.median(merge):,.0f}" if merge else "-",
+            f"{summary[query]['throughput_vs_python']:.2f}, {summary[query]['p99_vs_python']:.2f}" if twin else "",
         )
     console.print(table)
     output.parent.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 import pytest
@@ -323,3 +324,24 @@ def test_job_admin_over_grpc_answers_and_refuses_with_precise_statuses(pipeline:
     live = refused(lambda: stub.Retire(jobs_pb2.RetireRequest(job=JOB, version=1), timeout=10, metadata=admin))
     assert live.code() == grpc.StatusCode.FAILED_PRECONDITION and "is live" in live.details()
     assert sinker.terminate() == 0, sinker.log_tail()
+
+
+def test_a_sql_job_deploys_as_a_version_from_its_file(pipeline: Pipeline, tmp_path: Path) -> None:
+    """`onceflow job deploy --sql FILE` registers the SQL job's version like a module's: its
+    workers load the file by its absolute path (one started elsewhere, or a reprocess later,
+    finds the same file)."""
+    from typer.testing import CliRunner
+
+    from onceflow_tools.cli import job as job_cli
+
+    path = tmp_path / "sensors.sql"
+    path.write_text("-- job: sensors_sql\nCREATE TABLE readings (sensor STRING, celsius DOUBLE);\n"
+                    "SELECT sensor, MAX(celsius) AS hottest FROM readings GROUP BY sensor\n")
+    runner = CliRunner()
+    refused = runner.invoke(job_cli.app, ["deploy", "sensors", "--sql", str(path), "--no-start"], env=pipeline.env)
+    assert refused.exit_code == 2 and "one of the two" in refused.output, refused.output
+    deployed = runner.invoke(job_cli.app, ["deploy", "--sql", str(path), "--no-start"], env=pipeline.env)
+    assert deployed.exit_code == 0, deployed.output
+    assert f"ONCEFLOW_COMPUTE_JOB=sql:{path.resolve()}" in deployed.output.replace("\n", ""), deployed.output
+    record = read_registry(pipeline.common)["sensors_sql"]
+    assert record.versions[1].module == f"sql:{path.resolve()}"

@@ -154,6 +154,21 @@ def test_explain_says_kind_key_state_and_changelog(engine: SparkEngine) -> None:
     assert "grows without bound" in explain(warned) and "windowed GROUP BY" in explain(warned)
 
 
+def test_a_module_with_sql_loads_as_a_sql_job(tmp_path: Path, engine: SparkEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "shop_sql_jobs").mkdir()
+    (tmp_path / "shop_sql_jobs" / "__init__.py").write_text("")
+    (tmp_path / "shop_sql_jobs" / "big.py").write_text(f"sql = {(ORDERS + 'SELECT product, quantity FROM orders WHERE quantity > 1')!r}\n")
+    (tmp_path / "shop_sql_jobs" / "nothing.py").write_text("x = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    job = jobs.load_job("shop_sql_jobs.big")
+    assert isinstance(job, Transform) and job.name == "orders_sql"  # its -- job: line
+    with pytest.raises(jobs.NoSuchJob, match="has no `job` .* nor `sql`"):
+        jobs.load_job("shop_sql_jobs.nothing")
+    assert jobs.load_job("sql:nexmark_q7").name == "nexmark_q7_sql"
+    with pytest.raises(jobs.NoSuchJob, match="not a built-in SQL job .*nexmark_q0"):
+        jobs.load_job("sql:nexmark_q99")
+
+
 def test_a_sql_file_loads_as_onceflow_compute_job_names_it(tmp_path: Path, engine: SparkEngine) -> None:
     path = tmp_path / "bigorders.sql"
     path.write_text(ORDERS.replace("-- job: orders_sql\n", "") + "SELECT product, quantity FROM orders WHERE quantity > 100")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
@@ -33,6 +33,13 @@ app = typer.Typer(
 console = full_width_console()
 
 Json = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+Module = Annotated[
+    str | None, typer.Argument(help="A built-in job or a dotted module path defining `job` (or `sql`); or --sql FILE.", show_default=False)
+]
+SqlFile = Annotated[
+    Path | None,
+    typer.Option("--sql", exists=True, dir_okay=False, readable=True, show_default=False, help="A SQL job (docs/sql.md) instead of a module."),
+]
 Name = Annotated[str, typer.Argument(help="The job's name (as its module's `job` says).")]
 VersionArg = Annotated[str, typer.Argument(help="The version: 2 (or v2).")]
 
@@ -55,9 +62,29 @@ def _start_text(start_from: str) -> str:
     return start_from if start_from == EARLIEST else _when(int(start_from))
 
 
+def _quiet_spark(module: str) -> AbstractContextManager[object]:
+    """Loading a SQL job starts Spark to analyse it: its JVM's chatter goes to a log, not the terminal."""
+    return stderr_to(runtime_dir() / "logs" / "sql-spark.log") if module.startswith("sql:") else nullcontext()
+
+
+def _job_spec(module: str | None, sql_file: Path | None) -> str:
+    """What the workers load: the module, or ``sql:`` and the file's absolute path (a worker
+    started elsewhere, or a reprocess later, must find the same file)."""
+    if (module is None) == (sql_file is None):
+        console.print("[red]refused:[/] name a job module or --sql FILE (one of the two)", highlight=False)
+        raise typer.Exit(2)
+    if sql_file is not None:
+        return f"sql:{sql_file.resolve()}"
+    assert module is not None
+    if module.startswith("sql:") and module.endswith(".sql"):
+        return f"sql:{Path(module.removeprefix('sql:')).resolve()}"
+    return module
+
+
 @app.command()
 def deploy(
-    module: Annotated[str, typer.Argument(help="A built-in job or a dotted module path defining `job`.")],
+    module: Module = None,
+    sql_file: SqlFile = None,
     version: Annotated[str | None, typer.Option("--version", help="Its version number (default: the next).", show_default=False)] = None,
     start_from: Annotated[
         str, typer.Option("--from", help="Where it reads dedup.records from: earliest, or a time (ISO-8601, or ms since the epoch).")
@@ -73,7 +100,8 @@ def deploy(
     """Deploy a new version as a shadow: its own topics, groups and table, built from --from while
     the live version keeps serving."""
     common = CommonSettings()
-    with _refusals():
+    module = _job_spec(module, sql_file)
+    with _refusals(), _quiet_spark(module):
         number = lifecycle.version_argument(version) if version else None
         deployed = lifecycle.deploy(common, module, number, start_from, partitions, workers, start)
     console.print(f"deployed {deployed.name} (shadow) from module {module}", highlight=False)
@@ -91,10 +119,11 @@ def deploy(
 
 @app.command()
 def check(
-    module: Annotated[str, typer.Argument(help="A built-in job or a dotted module path defining `job`.")],
     sample: Annotated[
         Path, typer.Option("--sample", exists=True, readable=True, show_default=False, help="JSON lines (one payload a line) or Parquet.")
     ],
+    module: Module = None,
+    sql_file: SqlFile = None,
     limit: Annotated[int, typer.Option(help="Result rows to show.")] = 20,
     offline: Annotated[bool, typer.Option("--offline", help="Do not ask the pipeline (its stream, its live state).")] = False,
     spark_master: Annotated[
@@ -106,7 +135,8 @@ def check(
     rows and the records it would dead-letter, each with its reason. Changes nothing."""
     from onceflow_compute import batch as compute_batch  # the compute package (and pyspark) only when it runs
 
-    with _refusals():
+    module = _job_spec(module, sql_file)
+    with _refusals(), _quiet_spark(module):
         job = lifecycle.load_module(module)
     name, stream = job.name, streams.display(job.stream)
     console.print(f"job {name} ({job.kind}), reads stream {stream}", highlight=False)

@@ -6,6 +6,7 @@ import importlib
 import logging
 import pkgutil
 from pathlib import Path
+from typing import Any
 
 from onceflow.topology import check_job_name
 
@@ -23,6 +24,13 @@ def builtin_sql_names() -> list[str]:
 
 class NoSuchJob(ValueError):
     """The name is neither a built-in nor an importable module defining ``job``."""
+
+
+def _sql_job(sql_job: Any) -> Job:
+    for warning in sql_job.plan.warnings:
+        logging.getLogger(__name__).warning("job %s: %s", sql_job.name, warning)
+    job: Job = sql_job.job
+    return job
 
 
 def sql_file(name: str) -> Path:
@@ -46,10 +54,7 @@ def load_job(name: str) -> Job:
     if name.startswith("sql:"):
         from onceflow_compute import sql  # pyspark: only for a SQL job
 
-        sql_job = sql.load(sql_file(name))
-        for warning in sql_job.plan.warnings:
-            logging.getLogger(__name__).warning("job %s: %s", sql_job.name, warning)
-        return sql_job.job
+        return _sql_job(sql.load(sql_file(name)))
     module_name = name if "." in name else f"{__name__}.{name}"
     try:
         module = importlib.import_module(module_name)
@@ -59,7 +64,12 @@ def load_job(name: str) -> Job:
         known = ", ".join(builtin_names())
         raise NoSuchJob(f"no job {name!r}: not a built-in ({known}) nor an importable module ({exc})") from exc
     job = getattr(module, "job", None)
+    text = getattr(module, "sql", None)
+    if job is None and isinstance(text, str):  # a module with sql = "CREATE TABLE ...; SELECT ..."
+        from onceflow_compute import sql
+
+        return _sql_job(sql.load_text(text, module_name.rsplit(".", 1)[-1]))
     if not isinstance(job, (Aggregation, Join, Transform)):
-        raise NoSuchJob(f"module {module_name} has no `job` (an Aggregation, a Join or a Transform)")
+        raise NoSuchJob(f"module {module_name} has no `job` (an Aggregation, a Join or a Transform) nor `sql` (a SQL job's text)")
     check_job_name(job.name)  # it names the job's topics
     return job

@@ -204,19 +204,23 @@ def _check_row_level(session: SparkSession, plan: Plan, job: Job) -> None:
 
 
 def load(path: str | Path, session: SparkSession | None = None) -> SqlJob:
-    """The file's job, analysed in ``session``, the active classic session, or a local one
-    started for this and stopped after (a worker loads its job before it starts Spark)."""
+    """The file's job (named by its ``-- job:`` line or the file's stem)."""
     path = Path(path)
-    source = path.read_text(encoding="utf-8")
+    return load_text(path.read_text(encoding="utf-8"), path.stem, session)
+
+
+def load_text(source: str, stem: str, session: SparkSession | None = None) -> SqlJob:
+    """The text's job, analysed in ``session``, the active classic session, or a local one
+    started for this and stopped after (a worker loads its job before it starts Spark)."""
     if session is not None:
-        return compile_sql(source, path.stem, session)
+        return compile_sql(source, stem, session)
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
     if active is not None and hasattr(active, "_jsparkSession"):
-        return compile_sql(source, path.stem, active)
+        return compile_sql(source, stem, active)
     local = SparkSession.builder.master("local[1]").appName("onceflow-sql-analyse").config("spark.ui.enabled", "false").getOrCreate()
     try:
-        return compile_sql(source, path.stem, local)
+        return compile_sql(source, stem, local)
     finally:
         local.stop()
