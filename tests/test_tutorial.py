@@ -273,7 +273,7 @@ def test_the_tutorial_blocks_are_well_formed() -> None:
     blocks = tutorial_blocks(DOC.read_text())
     files = [block.path for block in blocks if block.kind == "file"]
     assert files == [
-        "first-job/shop/sales.py", "first-job/tail.py", "first-job/send.py", "first-job/compare.py", "first-job/shop/refunds.py",
+        "first-job/shop/sales.py", "first-job/tail.py", "first-job/send.py", "first-job/compare.py", "first-job/sales.sql", "first-job/shop/refunds.py",
         "first-job/refund.py",
     ], files
     for block in blocks:

@@ -25,11 +25,12 @@ from onceflow.v1.envelope_pb2 import DeadLetter, Envelope
 from onceflow.v1.results_pb2 import ResultChange
 
 from onceflow_compute import batch, jobs, sql, stats
-from onceflow_compute.api import Aggregation, Transform
+from onceflow_compute.api import Aggregation, Join, Transform
 from onceflow_compute.engine.spark import SparkEngine
 from onceflow_compute.map.eventtime import EventTimeGate
 from onceflow_compute.map.stage import MapStage
 from onceflow_compute.merge.aggregation import MergeStage
+from onceflow_compute.merge.joined import JoinMergeStage
 from onceflow_compute.sql.batch import run_sql_batch
 from onceflow_compute.sql.explain import explain
 
@@ -100,7 +101,7 @@ def test_what_is_not_mapped_is_refused_naming_the_construct(engine: SparkEngine)
         "SELECT product, window.start AS window_start, window.end AS window_end, COUNT(*) AS n FROM orders "
         "GROUP BY product, window(ts + INTERVAL 1 SECOND, '1 minute')": "not an expression",
         "SELECT window(ts, '1 minute').start AS s, product FROM orders": "belongs in a GROUP BY",
-        "SELECT a.product FROM orders a JOIN orders b ON a.product = b.product": "joins are not yet supported",
+        "SELECT a.product FROM orders a JOIN orders b ON a.product = b.product AND a.ts < b.ts": "a condition over both sides",
         "SELECT product, COUNT(*) AS n FROM orders GROUP BY product HAVING SUM(quantity) > 1":
             "HAVING reads an aggregate the SELECT does not name: SELECT it too",
         "SELECT product, COUNT(*) AS n FROM orders GROUP BY product HAVING product <> 'x' AND n > 1":
@@ -295,6 +296,99 @@ def test_a_window_without_lateness_is_append_only_and_with_it_updating(engine: S
     two_keys = compiled(engine, EVENTS + KEYED_QUERIES["two keys"])
     assert isinstance(two_keys.job, Aggregation) and not two_keys.job.show_key
     assert "results keyed by the JSON array of their string forms" in explain(two_keys)
+
+
+MARKET = """-- job: market_sql
+CREATE TABLE events (kind STRING NOT NULL, id BIGINT, seller BIGINT, name STRING, state STRING, category BIGINT);
+"""
+AUCTIONS = "(SELECT * FROM events WHERE kind = 'auction') a"
+PEOPLE = "(SELECT * FROM events WHERE kind = 'person' AND state <> 'WA') p"
+JOINS = {
+    "inner, filtered in WHERE": "SELECT a.id AS auction, p.name, upper(p.state) AS state FROM events a JOIN events p ON a.seller = p.id "
+                                "WHERE a.kind = 'auction' AND p.kind = 'person' AND a.category <> 2",
+    "left": f"SELECT a.id AS auction, a.category, p.name FROM {AUCTIONS} LEFT JOIN {PEOPLE} ON a.seller = p.id",
+    "right": f"SELECT a.id AS auction, p.name FROM {AUCTIONS} RIGHT JOIN {PEOPLE} ON a.seller = p.id",
+    "full outer, two keys": f"SELECT a.id AS auction, p.id AS person, p.name FROM {AUCTIONS} FULL OUTER JOIN {PEOPLE} "
+                            "ON a.seller = p.id AND a.category = p.category",
+}
+market = st.lists(
+    st.one_of(
+        st.fixed_dictionaries({"kind": st.just("person"), "id": st.integers(0, 5), "name": st.sampled_from(["ann", "bob", None]),
+                               "state": st.sampled_from(["OR", "WA", None]), "category": st.integers(0, 2)}),
+        st.fixed_dictionaries({"kind": st.just("auction"), "id": st.integers(100, 110), "seller": st.one_of(st.none(), st.integers(0, 7)),
+                               "category": st.one_of(st.none(), st.integers(0, 2))}),
+    ),
+    min_size=1, max_size=30,
+)
+
+
+def as_bag(table: dict[str, dict[str, object]]) -> list[str]:
+    """A join's rows, which SQL does not key: compared as a bag (streaming keys them by record pair)."""
+    return sorted(json.dumps({k: v for k, v in row.items() if k != "_record_id"}, sort_keys=True) for row in table.values())
+
+
+@pytest.mark.parametrize("query", sorted(JOINS))
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=market)
+# Every run: a person twice (two rows join), an auction whose seller is NULL (an outer join keeps
+# it, padded; SQL never matches it), one whose seller never comes, a person filtered out.
+@example(rows=[{"kind": "person", "id": 1, "name": "ann", "state": "OR", "category": 1},
+               {"kind": "person", "id": 1, "name": "bob", "state": "OR", "category": 1},
+               {"kind": "person", "id": 2, "name": "cy", "state": "WA", "category": 1},
+               {"kind": "auction", "id": 100, "seller": 1, "category": 1}, {"kind": "auction", "id": 101, "seller": None, "category": 1},
+               {"kind": "auction", "id": 102, "seller": 7, "category": 0}, {"kind": "auction", "id": 103, "seller": 2, "category": 1}])
+def test_joins_equal_sparks_batch_answer(engine: SparkEngine, query: str, rows: list[dict[str, object]]) -> None:
+    sql_file, input_file = write(MARKET + JOINS[query], rows)
+    assert engine.session is not None
+    reference = run_sql_batch(sql_file, input_file, engine.session)
+    joined = sql.load(sql_file, engine.session)
+    assert joined.job.kind == "join" and joined.updating == (not query.startswith("inner"))
+    streamed = batch.run_batch(joined.job, input_file, engine)
+    assert as_bag(streamed.table) == as_bag(reference.table), (streamed.table, reference.table)
+
+
+def test_a_join_is_refused_where_it_would_not_be_sqls(engine: SparkEngine) -> None:
+    cases = {
+        "SELECT a.id, p.name FROM events a JOIN events p ON a.seller > p.id": "a condition over both sides is not supported",
+        "SELECT a.id, p.name FROM events a JOIN events p ON a.seller = 5": "a join needs an equality between the two sides",
+        "SELECT a.id, p.name FROM events a CROSS JOIN events p": "a join without ON is refused",
+        f"SELECT a.id, p.name FROM {AUCTIONS} LEFT JOIN events p ON a.seller = p.id WHERE p.kind = 'person'":
+            "an outer join keeps the rows a condition rejects",
+        f"SELECT a.id, p.name FROM {AUCTIONS} LEFT JOIN events p ON a.seller = p.id AND p.kind = 'person'":
+            "an outer join keeps the rows a condition rejects",
+        "SELECT a.id + p.id AS both_ids FROM events a JOIN events p ON a.seller = p.id": "each column of a join's result is computed from one side",
+        "SELECT a.id, p.name FROM events a JOIN events p ON a.seller = p.id WHERE a.id > p.id": "a condition over both sides is not supported",
+        "SELECT a.id FROM events a LEFT SEMI JOIN events p ON a.seller = p.id": "a LeftSemi join is not supported",
+        "SELECT p.name, COUNT(*) AS n FROM events a JOIN events p ON a.seller = p.id GROUP BY p.name": "an aggregate or a window over a join",
+        "SELECT a.id, p.name, c.name FROM events a JOIN events p ON a.seller = p.id JOIN events c ON c.id = a.id": "more than two tables",
+        "SELECT a.id, p.name FROM (SELECT id + 1 AS id, seller FROM events) a JOIN events p ON a.seller = p.id":
+            "a side's subquery selects columns as they are",
+    }
+    for query, expected in cases.items():
+        assert expected in refusal(engine, MARKET + query), query
+    text = explain(compiled(engine, MARKET + JOINS["left"]))
+    for expected in ("join (an onceflow_compute.api.Join)", "LEFT join on a.seller = p.id", "left side a: table events WHERE",
+                     "result table: updating"):
+        assert expected in text, (expected, text)
+
+
+def test_an_outer_joins_padded_row_is_retracted_when_its_partner_comes_through_the_hops(engine: SparkEngine) -> None:
+    joined = compiled(engine, MARKET + JOINS["left"]).job
+    assert isinstance(joined, Join)
+    results, partials = Topic.COMPUTE_RESULTS.value, job_topic(Topic.COMPUTE_PARTIALS, joined.name)
+    mapper = StageDriver.for_hop(topology.COMPUTE_MAP, MapStage(joined, engine, partials, results, stats.JobCounts()), job=joined.name)
+    merger = StageDriver.for_hop(topology.COMPUTE_MERGE, JoinMergeStage(joined, results, stats.JobCounts()), job=joined.name,
+                                 store=lambda _partition: MemoryStore())
+    changes: list[ResultChange] = []
+    for step, event in enumerate(({"kind": "auction", "id": 100, "seller": 1, "category": 2},
+                                  {"kind": "person", "id": 1, "name": "ann", "state": "OR", "category": 2})):
+        mapped = mapper.process([record(20 + step, event)])
+        changes += merger.process([Record(r.value, r.key) for r in mapped.topic(partials)]).decode(results, ResultChange)
+    assert [(c.key, c.op, json.loads(c.value)) for c in changes] == [
+        ("r20|", ResultChange.UPSERT, {"auction": 100, "category": 2, "name": None}),
+        ("r20|", ResultChange.RETRACT, {"auction": 100, "category": 2, "name": None}),
+        ("r20|r21", ResultChange.UPSERT, {"auction": 100, "category": 2, "name": "ann"}),
+    ]
 
 
 def record(index: int, payload: dict[str, object]) -> Record:

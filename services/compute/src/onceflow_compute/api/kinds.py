@@ -135,6 +135,9 @@ class Join:
     doc: str = ""
     # Both sides come from this one stream.
     stream: str = streams.DEFAULT
+    # The result row from the two sides' rows (either may be None: an outer join's padding);
+    # None: ``{"left": ..., "right": ...}``. A SQL join's flat SELECT list.
+    project: Callable[[dict[str, JSONValue] | None, dict[str, JSONValue] | None], dict[str, JSONValue]] | None = None
     kind: str = field(default="join", init=False)
 
     def __post_init__(self) -> None:
@@ -174,7 +177,7 @@ class Join:
         return Window(int(start), int(end))
 
     def row(self, left: dict[str, JSONValue] | None, right: dict[str, JSONValue] | None, window: Window) -> dict[str, JSONValue]:
-        row: dict[str, JSONValue] = {"left": left, "right": right}
+        row: dict[str, JSONValue] = {"left": left, "right": right} if self.project is None else self.project(left, right)
         if self.windowed:
             row.update({WINDOW_START: window.start, WINDOW_END: window.end})
         return row

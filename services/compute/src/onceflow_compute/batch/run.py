@@ -163,7 +163,9 @@ def _join_rows(job: Join, table: pa.Table, engine: Engine) -> dict[str, dict[str
             side_rows.select(
                 F.col(job.on).cast("string").alias(f"{prefix}_on"),
                 start.cast("long").alias(f"{prefix}_window"),
-                F.struct(*[F.col(c) for c in columns]).alias(prefix),
+                # As JSON, as the streaming map hop carries a side's row (an outer join's padded
+                # side is a NULL struct, which Arrow refuses where the struct has required fields).
+                F.to_json(F.struct(*[F.col(c) for c in columns]), {"ignoreNullFields": "false"}).alias(prefix),
             )
         )
     left, right = sides
@@ -172,7 +174,7 @@ def _join_rows(job: Join, table: pa.Table, engine: Engine) -> dict[str, dict[str
     joined = left.join(right, condition, how).select("l", "r", F.coalesce("l_window", "r_window").alias("window"))
     rows: dict[str, dict[str, JSONValue]] = {}
     for row in joined.toArrow().to_pylist():
-        l, r = row["l"], row["r"]
+        l, r = (None if row[side] is None else json.loads(row[side]) for side in ("l", "r"))
         window = job.window_of(row["window"]) if job.windowed else GLOBAL
         rows[job.result_key(l, r, window)] = _json(job.row(l, r, window))
     return rows

@@ -34,9 +34,8 @@ def reference_table(sql_job: SqlJob, session: SparkSession, table: pa.Table) -> 
     from pyspark.sql import functions as F
 
     plan = sql_job.plan
-    declared = plan.table
-    view = declared.name
-    declared.with_computed(session.createDataFrame(table.select(declared.schema.names))).createOrReplaceTempView(view)
+    for declared in sql_job.tables.values():
+        declared.with_computed(session.createDataFrame(table.select(declared.schema.names))).createOrReplaceTempView(declared.name)
     try:
         answer = session.sql(sql_job.query)
         if sql_job.keyed:
@@ -53,7 +52,8 @@ def reference_table(sql_job: SqlJob, session: SparkSession, table: pa.Table) -> 
     except Exception as exc:  # noqa: BLE001 - Spark's errors, reported as the job's failure
         raise JobFailed(f"job {sql_job.name}: {describe(exc)}") from None
     finally:
-        session.catalog.dropTempView(view)
+        for declared in sql_job.tables.values():
+            session.catalog.dropTempView(declared.name)
     if sql_job.keyed:
         keyed = {}
         for row in rows:

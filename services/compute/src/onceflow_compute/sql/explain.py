@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from onceflow_compute.api import Aggregation, Combine, Transform
-from onceflow_compute.sql.job import RECORD_ID, SqlJob, row_filter, row_level
+from onceflow_compute.sql.job import RECORD_ID, SqlJob, row_filter, row_level, side_batch
+from onceflow_compute.sql.joins import JoinSpec
 from onceflow_compute.sql.plan import COMPOSITE_KEY
 
 
@@ -11,6 +12,8 @@ def explain(sql_job: SqlJob) -> str:
     plan, job = sql_job.plan, sql_job.job
     table = plan.table
     lines = [f"job {sql_job.name}: {job.kind} (an onceflow_compute.api.{type(job).__name__})"]
+    if plan.join is not None:
+        return "\n".join(lines + _join(sql_job, plan.join) + [f"warning: {warning}" for warning in plan.warnings])
     columns = ", ".join(f"{c.name} {c.sql_type}{'' if c.nullable else ' NOT NULL'}" for c in table.columns)
     lines.append(f"reads table {table.name} ({columns}) from stream {table.stream}")
     for computed in table.computed:
@@ -69,3 +72,32 @@ def _state(function: str) -> str:
         "AVG": "[sum, count]",
         "COUNT_DISTINCT": "the set of values seen",
     }[function]
+
+
+def _join(sql_job: SqlJob, spec: JoinSpec) -> list[str]:
+    stream = spec.left.table.stream
+    keys = " AND ".join(f"{a} = {b}" for a, b in zip(spec.left.keys, spec.right.keys, strict=True))
+    lines = [
+        f"reads stream {stream}: both sides are its records",
+        f"{spec.how.value.upper()} join on {keys} (the global window: each side's rows are kept per key, and a row "
+        "joins every partner that arrives before or after it)",
+    ]
+    for label, side, name in (("left", spec.left, "L"), ("right", spec.right, "R")):
+        conditions = [c for c in (side.inner_filter, *side.filters) if c]
+        where = " AND ".join(conditions) if conditions else "every record"
+        lines.append(f"{label} side {side.alias}: table {side.table.name} WHERE {where}")
+        for column in getattr(side_batch(side, name), "columns", []):
+            lines.append(f"  SELECT {column}")
+        for position, sql in side.outputs:
+            lines.append(f"  result column {spec.columns[position]} = {sql}")
+    lines += [
+        "merge hop state: every row of both sides, per join key, in the changelog (it grows with the streams: "
+        "a windowed join bounds it, not yet in SQL)",
+        "a row whose key is NULL joins nothing; an outer side keeps it, padded with NULLs",
+    ]
+    if sql_job.updating:
+        lines.append("result table: updating (an outer side's row is upserted padded with NULLs, and retracted when its first "
+                     "partner arrives)")
+    else:
+        lines.append("result table: append-only (a joined row per pair of partners; no retractions)")
+    return lines

@@ -8,8 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from onceflow_compute.api import Aggregate, Aggregation, Avg, Combine, Count, Job, JSONValue, Max, Min, Sum, Transform
+import pyarrow as pa
+
+from onceflow_compute.api import Aggregate, Aggregation, Avg, Combine, Count, Job, Join, JSONValue, Max, Min, Sum, Transform
 from onceflow_compute.sql.ddl import Table, is_create_table, parse_table
+from onceflow_compute.sql.joins import JoinSpec, Side
 from onceflow_compute.sql.plan import AggregateSpec, Plan, analyse, empty_frame
 from onceflow_compute.sql.text import SqlError, job_name, padded, position, statements
 
@@ -52,6 +55,8 @@ class SqlJob:
     def updating(self) -> bool:
         """Rows change after they are written (retracted first). A window without allowed
         lateness fires each row once, on time: append-only."""
+        if self.plan.join is not None:  # an outer side's padded row is retracted when its partner comes
+            return self.plan.join.how.value != "inner"
         if self.plan.kind != "aggregation":
             return False
         if self.plan.having is not None:  # a row stops passing: retracted
@@ -142,9 +147,79 @@ def micro_batch(plan: Plan) -> Any:
     return run
 
 
+JOIN_KEY = "__sql_on"
+
+
+def output_column(position: int) -> str:
+    return f"__sql_out{position}"
+
+
+def side_batch(side: Side, label: str) -> Any:
+    """DataFrame -> DataFrame: one side's rows of a batch, with the join key, the record's id and
+    time (which the join keeps), and the result columns this side computes.
+
+    SQL never matches a NULL key, yet an outer join keeps that row, padded. The join drops rows
+    without a key, so a NULL key becomes one no row of the other side can have: a control
+    character, the side's ``label`` and the record's id."""
+    alias = _quoted(side.alias)
+    key = f"CAST({side.keys[0]} AS STRING)" if len(side.keys) == 1 else \
+        "to_json(array(" + ", ".join(f"CAST({k} AS STRING)" for k in side.keys) + "))"
+    missing = " OR ".join(f"({k}) IS NULL" for k in side.keys)
+    key = f"CASE WHEN {missing} THEN concat(char(1), '{label}', {alias}.{RECORD_ID}) ELSE {key} END"
+    columns = [f"{key} AS {JOIN_KEY}", f"{alias}.{RECORD_ID} AS {RECORD_ID}", f"coalesce({alias}._event_time_ms, 0) AS _event_time_ms"]
+    # (The join keeps every row, the global window: the time only has to be there; batch input may have none.)
+    columns += [f"{sql} AS {output_column(at)}" for at, sql in side.outputs]
+    table, inner, inner_filter, filters = side.table, side.inner_alias, side.inner_filter, side.filters
+
+    def run(frame: DataFrame) -> DataFrame:
+        rows: DataFrame = table.with_computed(frame).alias(inner)
+        if inner_filter is not None:
+            rows = rows.where(inner_filter)
+        rows = rows.alias(side.alias)
+        for condition in filters:
+            rows = rows.where(condition)
+        return rows.selectExpr(*columns)
+
+    run.columns = columns  # type: ignore[attr-defined]  # for explain
+    return run
+
+
+def flatten(spec: JoinSpec) -> Any:
+    """The result row from the sides' rows: each column from the side that computes it (NULL
+    for a side an outer join padded)."""
+    columns = spec.columns
+    sides = [tuple(p for p, _sql in spec.left.outputs), tuple(p for p, _sql in spec.right.outputs)]
+
+    def project(left: dict[str, JSONValue] | None, right: dict[str, JSONValue] | None) -> dict[str, JSONValue]:
+        row: dict[str, JSONValue] = dict.fromkeys(columns)
+        for side_row, positions in zip((left, right), sides, strict=True):
+            if side_row is not None:
+                for at in positions:
+                    row[columns[at]] = side_row.get(output_column(at))
+        return row
+
+    return project
+
+
+def _join_schema(spec: JoinSpec) -> pa.Schema:
+    """The stream's payload schema both sides read: one table's, or both tables' fields."""
+    fields = {f.name: f for f in spec.left.table.schema}
+    for f in spec.right.table.schema:
+        if f.name in fields and fields[f.name].type != f.type:
+            raise SqlError(f"column {f.name} is {fields[f.name].type} in {spec.left.table.name} and {f.type} in "
+                           f"{spec.right.table.name}: both read one stream's payloads, so it must be one type")
+        fields.setdefault(f.name, f)
+    return pa.schema(list(fields.values()))
+
+
 def build_job(name: str, plan: Plan) -> Job:
     table = plan.table
     doc = f"SQL over {table.name}"
+    if plan.join is not None:
+        spec = plan.join
+        return Join(name=name, schema=_join_schema(spec), left=side_batch(spec.left, "L"), right=side_batch(spec.right, "R"), on=JOIN_KEY,
+                    left_id=RECORD_ID, right_id=RECORD_ID, how=spec.how, doc=f"SQL join of {spec.left.table.name} and "
+                    f"{spec.right.table.name}", stream=table.stream, project=flatten(spec))
     if plan.kind == "transform":
         return Transform(name=name, schema=table.schema, key=RECORD_ID, transform=micro_batch(plan), doc=doc, stream=table.stream)
     # Arguments are numbered by their aggregate's position; COUNT(*) has none. A composite key's
@@ -193,12 +268,13 @@ def _check_row_level(session: SparkSession, plan: Plan, job: Job) -> None:
     columns, from Arrow), so a query Spark cannot run that way is refused now, not per batch."""
     from onceflow_compute.api import METADATA_COLUMNS
 
-    schema = plan.table.schema
+    schema = job.schema  # a join: both tables' fields
     for metadata in METADATA_COLUMNS:
         schema = schema.append(metadata)
-    run = job.transform if isinstance(job, Transform) else getattr(job, "prepare")
+    runs = [job.left, job.right] if isinstance(job, Join) else [job.transform if isinstance(job, Transform) else getattr(job, "prepare")]
     try:
-        run(empty_frame(session, schema)).schema  # noqa: B018 - analysing is the check
+        for run in runs:
+            run(empty_frame(session, schema)).schema  # noqa: B018 - analysing is the check
     except Exception as exc:  # noqa: BLE001 - Spark's AnalysisException
         raise SqlError(f"the query's row-level part does not run per micro-batch: {exc}") from None
 

@@ -29,6 +29,7 @@ import pyarrow as pa
 from onceflow_compute.dataflow.windows import Hopping, Sessions, Tumbling, WindowFn
 from onceflow_compute.sql.ddl import Table
 from onceflow_compute.sql.having import compile_having
+from onceflow_compute.sql.joins import JoinSpec, map_join
 from onceflow_compute.sql.text import SqlError, blank
 
 if TYPE_CHECKING:
@@ -41,7 +42,6 @@ REFUSED_NODES = {
     "LocalLimit": "LIMIT is refused on a stream: which rows are first changes as records arrive",
     "Offset": "OFFSET is refused on a stream",
     "Tail": "a tail of the rows is refused on a stream",
-    "Join": "joins are not yet supported in SQL (issue 41); the Python API's Join runs stream-stream joins today",
     "Window": "window functions (OVER ...) are not supported",
     "Distinct": "SELECT DISTINCT is not yet supported; GROUP BY the columns with an aggregate instead",
     "Deduplicate": "SELECT DISTINCT is not yet supported; GROUP BY the columns with an aggregate instead",
@@ -114,6 +114,7 @@ class Plan:
     warnings: tuple[str, ...] = field(default=())
     having: Callable[[dict[str, Any]], bool] | None = None  # the result rows kept
     having_sql: str | None = None
+    join: JoinSpec | None = None
 
     @property
     def key(self) -> str:
@@ -269,14 +270,17 @@ def _map(plan: Any, tables: dict[str, Table], window: WindowSpec | None) -> Plan
         node = children[0]
     if window is not None:
         nodes = _without_windowing(nodes, window)
-    for each in nodes:
-        reason = REFUSED_NODES.get(each.nodeName())
+    everything = _tree(plan)
+    for each in everything:
+        reason = None if window is not None and _makes_window(each) else REFUSED_NODES.get(each.nodeName())
         if reason:
             raise SqlError(reason)
-    for each in nodes:  # before the shape: Spark moves a non-deterministic key into a Project of its own
+    for each in everything:  # before the shape: Spark moves a non-deterministic key into a Project of its own
         for expression in _seq(each.expressions()):
             _check_replayable(expression)
     names = [n.nodeName() for n in nodes]
+    if "Join" in names:
+        return _join(nodes, tables, window)
     having = None
     if names[:2] == ["Filter", "Aggregate"]:  # HAVING over the aggregates the SELECT names
         having, nodes, names = nodes[0].condition(), nodes[1:], names[1:]
@@ -315,16 +319,49 @@ def _map(plan: Any, tables: dict[str, Table], window: WindowSpec | None) -> Plan
     raise SqlError(f"{top.nodeName()} is not supported")
 
 
+def _tree(plan: Any) -> list[Any]:
+    """Every node of the query, down to the declared tables' views."""
+    out, stack = [], [plan]
+    while stack:
+        node = stack.pop()
+        if node.nodeName() == "View":
+            continue
+        out.append(node)
+        stack.extend(_children(node))
+    return out
+
+
+def _join(nodes: list[Any], tables: dict[str, Table], window: WindowSpec | None) -> Plan:
+    names = [n.nodeName() for n in nodes]
+    if window is not None or "Aggregate" in names:
+        raise SqlError("an aggregate or a window over a join is not yet supported: a join's result is the SELECT of its columns")
+    if names not in (["Project", "Join"], ["Project", "Filter", "Join"]):
+        raise SqlError(f"a join is SELECT columns FROM a JOIN b ON ... [WHERE ...]; this query is {' <- '.join(names)}")
+    where = nodes[1].condition() if names[1] == "Filter" else None
+    spec, named = map_join(nodes[0], where, nodes[-1], tables)
+    for name, expression in named:
+        _json_type(name, expression)
+    _unique(list(spec.columns))
+    if spec.left.table.stream != spec.right.table.stream:
+        raise SqlError(f"both sides of a join read one stream; {spec.left.table.name} reads {spec.left.table.stream}, "
+                       f"{spec.right.table.name} reads {spec.right.table.stream}")
+    return Plan(spec.left.table, spec.left.alias, "join", None, join=spec)
+
+
 def _without_windowing(nodes: list[Any], window: WindowSpec) -> list[Any]:
     """The spine without what the analyser added to compute the window: a Project or an Expand
     (hopping) whose output is named window or session_window, and the filters next to it that
     keep rows with a time (IS NOT NULL) or a time inside their window (overlapping hops)."""
-    at = next((i for i, n in enumerate(nodes) if n.nodeName() in ("Project", "Expand")
-               and any(a.name() in WINDOW_FUNCTIONS for a in _seq(n.output()))), None)
+    at = next((i for i, n in enumerate(nodes) if _makes_window(n)), None)
     if at is None:
         return nodes
     drop = {at} | {i for i in (at - 1, at + 1) if 0 <= i < len(nodes) and _windowing_filter(nodes[i], window)}
     return [n for i, n in enumerate(nodes) if i not in drop]
+
+
+def _makes_window(node: Any) -> bool:
+    """The node Spark's analyser adds to compute a window() (a Project; an Expand for hops)."""
+    return node.nodeName() in ("Project", "Expand") and any(str(a.name()) in WINDOW_FUNCTIONS for a in _seq(node.output()))
 
 
 def _windowing_filter(node: Any, window: WindowSpec) -> bool:
