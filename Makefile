@@ -4,6 +4,8 @@ SHELL := /bin/bash
 # uv's version and the sha256 of its wheels: infra/uv/requirements.txt (pip --require-hashes).
 # Tilt is built from source by infra/tilt/install.sh, which pins each version's checksum.
 TILT_VERSION := 0.34.0
+# Helm 3 likewise, by infra/helm/install.sh (the chart: deploy/helm/onceflow, docs/helm.md).
+HELM_VERSION := 3.22.0
 TOOLS := .tools
 UV := $(TOOLS)/uv-venv/bin/uv
 PY := .venv/bin/python
@@ -50,6 +52,12 @@ browser:
 tilt:
 	TILT_VERSION=$(TILT_VERSION) infra/tilt/install.sh
 
+# Helm in .tools/bin, built from the Go module proxy (cold: ~3 min), then kept in the user's
+# cache like Tilt; the suite lints and renders the chart with it (tests/test_helm.py).
+.PHONY: helm
+helm:
+	@HELM_VERSION=$(HELM_VERSION) infra/helm/install.sh
+
 # The Compose Specification's JSON schema (from compose-go, via the Go module proxy), which the
 # devex tests validate docker-compose.yml against.
 compose-schema:
@@ -79,8 +87,8 @@ console: setup
 # compute runs on pandas where it is not the subject). The longest tests go first. A module that needs one fixture for all its tests
 # is one xdist_group.
 PYTEST_WORKERS ?= 3
-test: setup browser tilt compose-schema
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not extended and not cluster and not spark_cluster and not fuzz" --durations=20
+test: setup browser tilt helm compose-schema
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not extended and not cluster and not spark_cluster and not fuzz and not deploy" --durations=20
 
 test-cluster: setup
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "cluster or spark_cluster" --durations=20
@@ -102,8 +110,30 @@ fuzz: setup
 	mkdir -p .onceflow/logs
 	ONCEFLOW_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) ONCEFLOW_FUZZ_REPORT_DIR=$(CURDIR)/.onceflow/logs $(PY) -m pytest -s -m fuzz tests/test_fuzz.py
 
-test-fast: setup browser tilt compose-schema
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not fault and not cluster and not spark_cluster and not extended and not fuzz"
+test-fast: setup browser tilt helm compose-schema
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not fault and not cluster and not spark_cluster and not extended and not fuzz and not deploy"
+
+# Containers without a registry (docs/deploy.md): Debian's podman, set up by
+# infra/containers/install.sh (the engine's settings in .tools/containers, named by CONTAINERS_CONF).
+# `make images` builds the Debian bases (mmdebstrap), one image per Dockerfile target, Kafka from
+# the pinned jars and Redis from Debian's package; `make compose-up` runs docker-compose.yml
+# through podman-compose (ONCEFLOW_ADMIN_TOKEN required), waiting until every service is healthy.
+CONTAINERS_CONF ?= $(CURDIR)/.tools/containers/containers.conf
+.PHONY: images compose-up compose-down test-deploy
+images: kafka-jars
+	@CONTAINERS_CONF=$(CONTAINERS_CONF) infra/containers/images.sh
+
+compose-up: venv
+	@CONTAINERS_CONF=$(CONTAINERS_CONF) $(PY) infra/containers/compose.py up
+
+compose-down: venv
+	@CONTAINERS_CONF=$(CONTAINERS_CONF) $(PY) infra/containers/compose.py down
+
+# The deploy tests (pytest -m deploy): the images built, the compose stack exact end to end, one
+# service upgraded and a container killed under load; the Helm chart's pods under podman kube play. Not in `make test`: they need podman and
+# take the 2-core machine for about ten minutes beside the suite's own stacks.
+test-deploy: setup helm images
+	CONTAINERS_CONF=$(CONTAINERS_CONF) $(PY) -m pytest -n 0 -m deploy tests/test_deploy.py tests/test_helm_pods.py --durations=10
 
 # mypy over the packages `[tool.mypy]` in pyproject.toml lists (the core, the client, every
 # service, the tools and the bench scripts), with the generated wire contracts' .pyi stubs. tests/test_types.py runs the same

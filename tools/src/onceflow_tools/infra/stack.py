@@ -65,7 +65,7 @@ def up(timeout: float | None = None, create_topics: bool = True, postgres: bool 
         spark.up(spark_timeout)
     elif settings.spark_cluster == "connect":
         spark.connect_server().up(spark_timeout)
-    return status(brokers)
+    return status(brokers, postgres)
 
 
 def down() -> list[str]:
@@ -91,7 +91,9 @@ def down() -> list[str]:
     return stopped + spark.down() + ([connect.name] if connect.stop() else [])
 
 
-def status(brokers: list[KafkaBroker] | None = None) -> list[ComponentStatus]:
+def status(brokers: list[KafkaBroker] | None = None, postgres: bool = False) -> list[ComponentStatus]:
+    """Each component's row. PostgreSQL is optional: its row shows when it runs, or when
+    ``postgres`` asks for it (a cluster started here once and stopped since fails nothing)."""
     if secure.enabled():
         secure.apply_client_env()
     brokers = brokers or kafka_cluster()
@@ -101,7 +103,7 @@ def status(brokers: list[KafkaBroker] | None = None) -> list[ComponentStatus]:
         kafka = _with_cluster_health(kafka, brokers)
     rows = [*kafka, *(_redis_status(server, common) for server in redis_topology())]
     cluster = PostgresServer.from_env()
-    if cluster.home.exists():  # once started here, it has a row
+    if postgres or (cluster.home.exists() and cluster.pid() is not None):
         rows.append(_postgres_status(cluster, common))
     if InfraSettings().spark_cluster == "standalone" or spark.running():
         rows += _spark_status()
