@@ -1,7 +1,9 @@
-"""SQL jobs (docs/sql.md, issue 41's first slice): a .sql file analysed by Spark becomes an
-Aggregation or a Transform; its table, through the job's own hops, equals Spark's one batch
-query over the same input; an updating query's changelog retracts, a transform's never does;
-what is not mapped is refused naming the construct (syntax errors with line and column)."""
+"""SQL jobs (docs/sql.md, issue 41): a .sql file analysed by Spark becomes an Aggregation, a
+Transform or a Join; its table, through the job's own hops, equals Spark's one batch query over
+the same input (every aggregate, windows, several keys, HAVING, joins); an updating query's
+changelog retracts (HAVING, outer joins), a transform's never does; the map hop reads a
+TIMESTAMP event time; what is not mapped is refused naming the construct (syntax errors with
+line and column)."""
 
 from __future__ import annotations
 
