@@ -32,51 +32,13 @@ cache="${ONCEFLOW_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/onceflow}/helm/v$HE
 
 # Fast path: the build below stamps the version, as Helm's release build does.
 is_pinned() { [[ -x "$1" ]] && [[ "$("$1" version --template '{{.Version}}' 2>/dev/null)" == "v$HELM_VERSION" ]]; }
-if is_pinned "$helm"; then
-    exit 0
-fi
-if is_pinned "$cache/helm"; then
-    mkdir -p "$tools/bin"
-    cp "$cache/helm" "$helm.new" && mv "$helm.new" "$helm"
-    echo "install.sh: helm v$HELM_VERSION from the cache ($cache)" >&2
-    exit 0
-fi
-
-version_ge() { [[ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" == "$2" ]]; }
+# shellcheck source=../gomodule.sh
+source "$root/infra/gomodule.sh"
+gomodule_installed "$helm" "$cache/helm" is_pinned "helm v$HELM_VERSION" && exit 0
 
 tmp="$(mktemp -d)"
 trap 'chmod -R u+w "$tmp" 2>/dev/null; rm -rf "$tmp"' EXIT
-
-go_bin=""
-if command -v go >/dev/null; then
-    have="$(go env GOVERSION 2>/dev/null || true)"   # e.g. go1.26.8
-    if [[ "$have" == go* ]] && version_ge "${have#go}" "$GO_MIN"; then
-        go_bin="$(command -v go)"
-    fi
-fi
-if [[ -z "$go_bin" ]]; then
-    # The same zip the go command fetches when it switches toolchains (module
-    # golang.org/toolchain), checked against its go.sum hash as go would. The module proxy
-    # here serves only the linux-amd64 build; elsewhere, install go >= GO_MIN yourself.
-    platform="$(uname -s | tr '[:upper:]' '[:lower:]')-$(uname -m | sed 's/x86_64/amd64/')"
-    case "$GO_VERSION-$platform" in
-        1.26.11-linux-amd64) go_sum="h1:KyINmJ/FQdKRmDYGuTAAXkumyeR2DyUlSNHZj7XaLFg=" ;;
-        *) echo "install.sh: needs go >= $GO_MIN on PATH (no Go $GO_VERSION pinned for $platform)" >&2; exit 1 ;;
-    esac
-    goroot="$tools/go-$GO_VERSION"
-    if [[ ! -x "$goroot/bin/go" ]]; then
-        # shellcheck source=../gomodule.sh
-        source "$root/infra/gomodule.sh"
-        mod="v0.0.1-go$GO_VERSION.$platform"
-        echo "install.sh: downloading Go $GO_VERSION ($platform) from the module proxy" >&2
-        gomodule_fetch golang.org/toolchain "$mod" "$go_sum" "$tmp/go.zip"
-        unzip -q "$tmp/go.zip" -d "$tmp/go"
-        mkdir -p "$tools"
-        rm -rf "$goroot"
-        mv "$tmp/go/golang.org/toolchain@$mod" "$goroot"   # the zip nests it under module@version
-    fi
-    go_bin="$goroot/bin/go"
-fi
+go_bin="$(gomodule_go "$GO_MIN" "$GO_VERSION" "h1:KyINmJ/FQdKRmDYGuTAAXkumyeR2DyUlSNHZj7XaLFg=" "$tools" "$tmp")"
 export GOTOOLCHAIN=local   # build with exactly the go chosen above; never switch on our behalf
 # Module and build caches stay the user's defaults (shared with other Go work; `make clean`
 # keeps them, so a rebuild after it is warm).

@@ -31,62 +31,13 @@ cache="${ONCEFLOW_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/onceflow}/tilt/v$TI
 
 # Fast path: the build below stamps the version, as Tilt's release build does ("v0.34.0, built …").
 is_pinned() { [[ -x "$1" ]] && [[ "$("$1" version 2>/dev/null)" == "v$TILT_VERSION, built "* ]]; }
-if is_pinned "$tilt"; then
-    exit 0
-fi
-if is_pinned "$cache/tilt"; then
-    mkdir -p "$tools/bin"
-    cp "$cache/tilt" "$tilt.new" && mv "$tilt.new" "$tilt"
-    echo "install.sh: tilt v$TILT_VERSION from the cache ($cache)" >&2
-    exit 0
-fi
-
-version_ge() { [[ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" == "$2" ]]; }
+# shellcheck source=../gomodule.sh
+source "$root/infra/gomodule.sh"
+gomodule_installed "$tilt" "$cache/tilt" is_pinned "tilt v$TILT_VERSION" && exit 0
 
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-
-go_bin=""
-if command -v go >/dev/null; then
-    have="$(go env GOVERSION 2>/dev/null || true)"   # e.g. go1.26.8
-    if [[ "$have" == go* ]] && version_ge "${have#go}" "$GO_MIN"; then
-        go_bin="$(command -v go)"
-    fi
-fi
-if [[ -z "$go_bin" ]]; then
-    # The same zip the go command fetches when it switches toolchains (module
-    # golang.org/toolchain), checked against its go.sum hash as go would. The module proxy
-    # here serves only the linux-amd64 build; elsewhere, install go >= GO_MIN yourself.
-    platform="$(uname -s | tr '[:upper:]' '[:lower:]')-$(uname -m | sed 's/x86_64/amd64/')"
-    case "$GO_VERSION-$platform" in
-        1.24.13-linux-amd64) go_sum="h1:5sgfUhn9QCgVl4UYj32GrIYFHI3bi2UX55tNfupXwxc=" ;;
-        *) echo "install.sh: needs go >= $GO_MIN on PATH (no Go $GO_VERSION pinned for $platform)" >&2; exit 1 ;;
-    esac
-    goroot="$tools/go-$GO_VERSION"
-    if [[ ! -x "$goroot/bin/go" ]]; then
-        proxy="${GOPROXY:-$(go env GOPROXY 2>/dev/null || true)}"   # an older go's setting
-        proxy="${proxy:-https://proxy.golang.org,direct}"              # else go's default
-        proxy="${proxy%%[,|]*}"
-        [[ "$proxy" == http* ]] || { echo "install.sh: first GOPROXY entry is not a URL: $proxy" >&2; exit 1; }
-        mod="v0.0.1-go$GO_VERSION.$platform"
-        echo "install.sh: downloading Go $GO_VERSION ($platform) from the module proxy" >&2
-        curl -fsSL --retry 3 -o "$tmp/go.zip" "$proxy/golang.org/toolchain/@v/$mod.zip"
-        # go.sum's h1: hash of a module zip (dirhash.Hash1 in golang.org/x/mod).
-        got="$(python3 - "$tmp/go.zip" <<'PY'
-import base64, hashlib, sys, zipfile
-z = zipfile.ZipFile(sys.argv[1])
-lines = "".join(f"{hashlib.sha256(z.read(n)).hexdigest()}  {n}\n" for n in sorted(z.namelist()))
-print("h1:" + base64.b64encode(hashlib.sha256(lines.encode()).digest()).decode())
-PY
-)"
-        [[ "$got" == "$go_sum" ]] || { echo "install.sh: Go zip has sum $got, expected $go_sum" >&2; exit 1; }
-        unzip -q "$tmp/go.zip" -d "$tmp/go"
-        mkdir -p "$tools"
-        rm -rf "$goroot"
-        mv "$tmp/go/golang.org/toolchain@$mod" "$goroot"   # the zip nests it under module@version
-    fi
-    go_bin="$goroot/bin/go"
-fi
+go_bin="$(gomodule_go "$GO_MIN" "$GO_VERSION" "h1:5sgfUhn9QCgVl4UYj32GrIYFHI3bi2UX55tNfupXwxc=" "$tools" "$tmp")"
 export GOTOOLCHAIN=local   # build with exactly the go chosen above; never switch on our behalf
 # Module and build caches stay the user's defaults (shared with other Go work; `make clean`
 # keeps them, so a rebuild after it is warm).
