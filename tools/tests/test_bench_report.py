@@ -9,7 +9,7 @@ import pytest
 
 from onceflow_tools.bench.cpu import HopCpu
 from onceflow_tools.bench.pipeline import ModeResult, RatePoint, completion_rate, percentile
-from onceflow_tools.bench.report import Report, write
+from onceflow_tools.bench.report import Report, curves, write
 from onceflow_tools.bench.watch import BacklogRun
 
 pytestmark = pytest.mark.verify
@@ -95,3 +95,23 @@ def test_the_report_writes_json_and_a_plot(tmp_path) -> None:
     assert written["ratios"]["exactly_once_vs_at_least_once"] == pytest.approx(0.9)
     assert set(written["hops"]) == {"copier", "dedup", "quix-dedup", "compute", "quix-keyed-count"}
     assert png is not None and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_plot_draws_each_mode_over_the_offered_rate_in_order() -> None:
+    # A mode that falls behind: offered 3,000/s it achieves less than it did offered 2,000/s.
+    # Drawn over the achieved rate its points would come out of order (and the line zig-zag).
+    sweep = [
+        RatePoint(3000, 1500, 100, 900.0, 4000.0, 950.0, 4200.0, probes=5),
+        RatePoint(1000, 1000, 100, 100.0, 200.0, 150.0, 250.0, probes=5),
+        RatePoint(2000, 1900, 100, 300.0, 600.0, 350.0, 650.0, probes=5),
+    ]
+    lines = {curve.label: curve for curve in curves(ModeResult("at_least_once", 1900, sweep=sweep))}
+    assert set(lines) == {f"at_least_once {figure}" for figure in ("completed p99", "completed p50", "visible p99", "visible p50")}
+    for curve in lines.values():
+        assert curve.offered == [1000, 2000, 3000]
+    assert lines["at_least_once completed p99"].ms == [200.0, 600.0, 4000.0]
+    assert lines["at_least_once visible p50"].ms == [150.0, 350.0, 950.0]
+    # Without probes there is nothing to draw for visibility.
+    assert {c.label for c in curves(ModeResult("exactly_once", 900, sweep=[RatePoint(500, 500, 10, 1.0, 2.0)]))} == {
+        "exactly_once completed p99", "exactly_once completed p50",
+    }

@@ -38,6 +38,7 @@ from onceflow_tools.infra import stack
 from onceflow_tools.console.server import BackgroundConsole
 from onceflow_tools.console.settings import ConsoleSettings
 from onceflow_tools.infra.topics import delete_topics, ensure_topics
+from onceflow_tools.jvm_output import stderr_to
 from onceflow_tools.process import ServiceProcess, free_port, pipeline_service
 from onceflow_tools.workloads import ResultTable, auctionbids, nexmark
 from onceflow_tools.workloads.senders import Senders
@@ -82,7 +83,7 @@ def demo(
                 service.wait_healthy(addresses[name], timeout_s=120)
             console.print(f"{name}: [green]serving[/] on {addresses[name]} (log {service.log_path})")
         web = _start_console(common, addresses)
-        ok = _run(common, addresses, services, events, rate, max_delay_ms, batch, clients, retry_ratio, seed, web)
+        ok = _run(common, addresses, services, events, rate, max_delay_ms, batch, clients, retry_ratio, seed, web, log_dir)
     finally:
         if web is not None:
             web.stop()
@@ -144,6 +145,7 @@ def _run(
     retry_ratio: float,
     seed: int,
     web: BackgroundConsole | None,
+    log_dir: Path,
 ) -> bool:
     config = nexmark.NexmarkConfig(events=events, rate=rate, max_delay_ms=max_delay_ms, seed=seed)
     with console.status(f"generating {events:,} Nexmark events ..."):
@@ -185,7 +187,10 @@ def _run(
         if senders.error is not None:
             return _fail(f"a client failed: {senders.error}")
 
-        batch_answer = auctionbids.batch_answer(arrivals)
+        spark_log = log_dir / "batch-spark.log"
+        view.notes.append(f"batch answer: Spark over the generated events (log {spark_log})")
+        live.update(Group(progress, view.render()))
+        batch_answer = _batch_answer(arrivals, spark_log)
         if batch_answer != auctionbids.fold_answer(arrivals):
             return _fail("Spark's batch answer differs from a plain fold of the bids")
         deadline = time.monotonic() + 300
@@ -197,6 +202,15 @@ def _run(
         live.update(Group(progress, view.render()))
     view.close()
     return _report(common, senders, arrivals, rows, batch_answer, elapsed, killed)
+
+
+def _batch_answer(arrivals: list[nexmark.Event], spark_log: Path) -> ResultTable:
+    """The batch answer, its Spark driver JVM started in this process with ``spark_log`` as its
+    stderr: its notices and warnings (log4j's profile, the hostname, the default log level, the
+    native-hadoop library) go there for as long as it lives, not to the terminal. The workers'
+    JVMs already write to their own logs (each service's stdout and stderr are its log)."""
+    with stderr_to(spark_log):
+        return auctionbids.batch_answer(arrivals)
 
 
 def _report(
