@@ -119,11 +119,15 @@ test-fast: setup browser tilt helm compose-schema
 # the pinned jars and Redis from Debian's package; `make compose-up` runs docker-compose.yml
 # through podman-compose (ONCEFLOW_ADMIN_TOKEN required), waiting until every service is healthy.
 CONTAINERS_CONF ?= $(CURDIR)/.tools/containers/containers.conf
-.PHONY: images compose-up compose-down test-deploy
-images: kafka-jars
+.PHONY: containers images compose-up compose-down test-deploy
+# The engine and its settings (idempotent: a second run only checks the packages).
+containers:
+	@infra/containers/install.sh
+
+images: containers kafka-jars
 	@CONTAINERS_CONF=$(CONTAINERS_CONF) infra/containers/images.sh
 
-compose-up: venv
+compose-up: venv containers
 	@CONTAINERS_CONF=$(CONTAINERS_CONF) $(PY) infra/containers/compose.py up
 
 compose-down: venv
