@@ -2,6 +2,10 @@
 # The base is a build argument: Python 3.11 on Debian bookworm. With a registry it is the
 # official image; without one, `make images` builds a Debian base with mmdebstrap and passes it
 # (`--build-arg BASE=localhost/onceflow-base:py`, compute's with a JRE: docs/deploy.md).
+# Every service target ends with the release a deploy stamps (images.sh --release=R):
+# /app/RELEASE and the label onceflow.release. A RUN writes it because a RUN's cache key holds
+# the argument's value, where podman's layer cache reuses a LABEL (or a --label given to the
+# build) whatever the value.
 ARG BASE=python:3.11-slim-bookworm
 FROM ${BASE} AS base
 # No managed Python downloads: the image's own python3 runs everything. uv trusts the system
@@ -29,6 +33,9 @@ RUN --mount=type=cache,target=/root/.cache/uv uv sync --locked --no-dev --packag
 ENV ONCEFLOW_INGEST_HOST=0.0.0.0
 EXPOSE 15051 9101
 HEALTHCHECK CMD ["/app/.venv/bin/python", "-m", "onceflow.probe", "127.0.0.1:15051"]
+ARG ONCEFLOW_RELEASE=dev
+RUN echo "$ONCEFLOW_RELEASE" > /app/RELEASE
+LABEL onceflow.release=$ONCEFLOW_RELEASE
 USER onceflow
 CMD ["/app/.venv/bin/onceflow-ingest"]
 
@@ -37,6 +44,9 @@ RUN --mount=type=cache,target=/root/.cache/uv uv sync --locked --no-dev --packag
 ENV ONCEFLOW_ACKER_HOST=0.0.0.0
 EXPOSE 15052 9102
 HEALTHCHECK CMD ["/app/.venv/bin/python", "-m", "onceflow.probe", "127.0.0.1:15052"]
+ARG ONCEFLOW_RELEASE=dev
+RUN echo "$ONCEFLOW_RELEASE" > /app/RELEASE
+LABEL onceflow.release=$ONCEFLOW_RELEASE
 USER onceflow
 CMD ["/app/.venv/bin/onceflow-acker"]
 
@@ -45,6 +55,9 @@ RUN --mount=type=cache,target=/root/.cache/uv uv sync --locked --no-dev --packag
 ENV ONCEFLOW_DEDUP_HOST=0.0.0.0
 EXPOSE 15053 9103
 HEALTHCHECK CMD ["/app/.venv/bin/python", "-m", "onceflow.probe", "127.0.0.1:15053"]
+ARG ONCEFLOW_RELEASE=dev
+RUN echo "$ONCEFLOW_RELEASE" > /app/RELEASE
+LABEL onceflow.release=$ONCEFLOW_RELEASE
 USER onceflow
 CMD ["/app/.venv/bin/onceflow-dedup"]
 
@@ -57,6 +70,9 @@ RUN --mount=type=cache,target=/root/.cache/uv uv sync --locked --no-dev --packag
 ENV ONCEFLOW_COMPUTE_HOST=0.0.0.0
 EXPOSE 15054 9104
 HEALTHCHECK --start-period=60s CMD ["/app/.venv/bin/python", "-m", "onceflow.probe", "127.0.0.1:15054"]
+ARG ONCEFLOW_RELEASE=dev
+RUN echo "$ONCEFLOW_RELEASE" > /app/RELEASE
+LABEL onceflow.release=$ONCEFLOW_RELEASE
 USER onceflow
 CMD ["/app/.venv/bin/onceflow-compute"]
 
@@ -65,6 +81,9 @@ RUN --mount=type=cache,target=/root/.cache/uv uv sync --locked --no-dev --packag
 ENV ONCEFLOW_SINK_HOST=0.0.0.0
 EXPOSE 15055 9105
 HEALTHCHECK CMD ["/app/.venv/bin/python", "-m", "onceflow.probe", "127.0.0.1:15055"]
+ARG ONCEFLOW_RELEASE=dev
+RUN echo "$ONCEFLOW_RELEASE" > /app/RELEASE
+LABEL onceflow.release=$ONCEFLOW_RELEASE
 USER onceflow
 CMD ["/app/.venv/bin/onceflow-sink"]
 
@@ -73,6 +92,9 @@ RUN --mount=type=cache,target=/root/.cache/uv uv sync --locked --no-dev --packag
 ENV ONCEFLOW_SOURCE_HOST=0.0.0.0
 EXPOSE 15056 9106
 HEALTHCHECK CMD ["/app/.venv/bin/python", "-m", "onceflow.probe", "127.0.0.1:15056"]
+ARG ONCEFLOW_RELEASE=dev
+RUN echo "$ONCEFLOW_RELEASE" > /app/RELEASE
+LABEL onceflow.release=$ONCEFLOW_RELEASE
 USER onceflow
 CMD ["/app/.venv/bin/onceflow-source"]
 
@@ -82,5 +104,8 @@ FROM base AS tools
 RUN --mount=type=cache,target=/root/.cache/uv uv sync --locked --no-dev --package onceflow-tools
 # The console's view of the compose network (docker-compose.yml's `console`).
 COPY infra/containers/services.toml ./infra/containers/services.toml
+ARG ONCEFLOW_RELEASE=dev
+RUN echo "$ONCEFLOW_RELEASE" > /app/RELEASE
+LABEL onceflow.release=$ONCEFLOW_RELEASE
 USER onceflow
 ENTRYPOINT ["/app/.venv/bin/onceflow"]

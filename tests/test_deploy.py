@@ -187,7 +187,7 @@ def test_one_service_is_upgraded_under_load_and_no_other_restarts(stack: Stack) 
     load = Load(stack, PARTS[1])
     load.start()
     build = subprocess.run(
-        [str(ROOT / "infra" / "containers" / "images.sh"), "sink", f"--label=onceflow.release={release}"],
+        [str(ROOT / "infra" / "containers" / "images.sh"), "sink", f"--release={release}"],
         env=engine_env(), capture_output=True, text=True, timeout=1800,
     )
     assert build.returncode == 0, build.stderr[-3000:]

@@ -5,7 +5,7 @@
 #
 #   infra/containers/images.sh                 # every image
 #   infra/containers/images.sh sink            # one (an upgrade: docs/deploy.md)
-#   ONCEFLOW_IMAGE_TAG=2 infra/containers/images.sh sink --label onceflow.release=2
+#   ONCEFLOW_IMAGE_TAG=2 infra/containers/images.sh sink --release=2   # labelled onceflow.release=2
 #
 # Images are named ${ONCEFLOW_IMAGE_PREFIX:-onceflow}-<name>:${ONCEFLOW_IMAGE_TAG:-latest}, the names
 # docker-compose.yml runs. Nothing is tagged until every requested image has built, so a failed
@@ -39,13 +39,17 @@ fi
 # Docker's format: OCI images drop HEALTHCHECK, which the services' readiness rests on.
 extra+=(--format docker)
 wanted=()
+release=""
 for arg in "$@"; do
     case "$arg" in
+        --release=*) release="${arg#--release=}" ;;
         -*) extra+=("$arg") ;;
         *) [[ " ${ALL[*]} " == *" $arg "* ]] || missing "unknown image '$arg' (one of: ${ALL[*]})"; wanted+=("$arg") ;;
     esac
 done
 [[ ${#wanted[@]} -gt 0 ]] || wanted=("${ALL[@]}")
+# The services' images carry it as the label onceflow.release (the Dockerfile's last instruction).
+[[ -z "$release" ]] || extra+=(--build-arg "ONCEFLOW_RELEASE=$release")
 
 # Everything the builds need is checked before the first one starts.
 jars="$root/.onceflow/kafka/libs"
