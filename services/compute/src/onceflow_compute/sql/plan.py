@@ -1,11 +1,13 @@
 """The query through Spark's own parser and analyser, read back as what onceflow runs.
 
 Each declared table is an empty DataFrame of its schema, registered as a temp view; the query is
-``spark.sql``'d against them and its analysed logical plan is walked through py4j. Two shapes
-map today, each over one table:
+``spark.sql``'d against them and its analysed logical plan is walked through py4j. Three shapes
+map today:
 
     Project [Filter] relation     -> a Transform (stateless; append-only)
-    Aggregate [Filter] relation   -> an Aggregation (keyed by the GROUP BY; an updating table)
+    Aggregate [Filter] relation   -> an Aggregation (keyed by the GROUP BY; an updating table),
+                                     with [Filter] above it for HAVING
+    Project [Filter] Join(a, b)   -> a Join of two sides (joins.py)
 
 A ``window(ts, ...)`` or ``session_window(ts, ...)`` in the GROUP BY is read from the parsed plan
 (its arguments as written) and becomes the Aggregation's window: the node Spark's analyser adds
@@ -105,7 +107,7 @@ class WindowSpec:
 class Plan:
     table: Table
     alias: str  # the relation's name in the expressions' SQL (the table's or its alias)
-    kind: str  # "transform" or "aggregation"
+    kind: str  # "transform", "aggregation" or "join"
     filter: str | None
     projections: tuple[tuple[str, str], ...] = ()  # transform: (name, SQL)
     keys: tuple[KeyPart, ...] = ()  # aggregation: the GROUP BY's expressions, the window's left out
