@@ -42,7 +42,8 @@ class ComputeSettings(ServiceSettings):
     job: str = Field(
         default="usersum",
         description="A built-in job (`auctionbids`, `nexmark_q0` … `nexmark_q5`, `nexmark_q7`, `nexmark_q8`, `wordcount`, "
-        "`usersum`, `bigspend`) or a dotted module path defining `job`; Tilt and compose run `auctionbids`.",
+        "`usersum`, `bigspend`), a dotted module path defining `job` (or `sql`), or a SQL job: `sql:path/to/file.sql`, or a "
+        "built-in one, `sql:nexmark_q0` … `sql:nexmark_q3`, `sql:nexmark_q7` (docs/sql.md); Tilt and compose run `auctionbids`.",
     )
     version: int = Field(
         default=0,
