@@ -290,7 +290,9 @@ def test_the_cli_refuses_a_job_name_that_cannot_be_one(run: Run) -> None:
 def test_to_another_cluster_positions_live_there_through_kill9s_and_a_zombie(run: Run, remote_cluster: KafkaBroker) -> None:
     common, job = run.common, "remote"
     remote = CommonSettings(kafka_bootstrap=remote_cluster.bootstrap, topic_prefix=common.topic_prefix)
-    changes = write_changes(common, job, ["orders"], 2000, seed=9)
+    # Long enough for two kills to land mid-stream on a fast run too (2,000 changes once left room
+    # for only one: a fresh-clone run, 2026-11-28).
+    changes = write_changes(common, job, ["orders"], 6000, seed=9)
     topic = "user.remote-table"
     clusters = resolve(common, remote.kafka_bootstrap)
     assert clusters.external and clusters.target_id != clusters.pipeline_id
